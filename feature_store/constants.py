@@ -1,0 +1,58 @@
+"""Every Redis key prefix and Kafka topic name, versioned in one place.
+
+A change of storage layout bumps ``LAYOUT_VERSION`` so that old and new
+processes never read each other's bytes by mistake.
+"""
+
+from __future__ import annotations
+
+LAYOUT_VERSION = "v1"
+"""Version of the on-Redis and on-topic layouts below."""
+
+# --- Redis ---------------------------------------------------------------
+REDIS_ROOT = f"vidrec:{LAYOUT_VERSION}"
+
+SPARSE_WEIGHTS = "w"
+"""Sparse row weights, read by serving: ``{root}:sp:{model}:{table}:w:`` + 8 key bytes."""
+SPARSE_STATE = "s"
+"""Optimizer state of a row, read only by trainers: ``...:s:`` + 8 key bytes."""
+SPARSE_SIGHTINGS = "c"
+"""Admission counter of a key not yet admitted: ``...:c:`` + 8 key bytes."""
+
+
+def sparse_prefix(model: str, table: str, kind: str) -> bytes:
+    """Key prefix of one table's rows of one ``kind`` (weights, state, counters)."""
+    return f"{REDIS_ROOT}:sp:{model}:{table}:{kind}:".encode()
+
+
+CATALOG_VIDEO = f"{REDIS_ROOT}:cat:video:"
+"""JSON of one video: ``{CATALOG_VIDEO}{video_id}``."""
+CATALOG_IDS = f"{REDIS_ROOT}:cat:ids"
+"""Sorted set of video ids scored by ``uploaded_at`` (ms), for fresh uploads."""
+
+HISTORY = f"{REDIS_ROOT}:hist:"
+"""A user's recent watches, newest first: list at ``{HISTORY}{user_id}``."""
+VIDEO_STATS = f"{REDIS_ROOT}:vstat:"
+"""A video's counters: hash at ``{VIDEO_STATS}{video_id}``."""
+
+# --- Kafka topics --------------------------------------------------------
+
+
+def events_topic(namespace: str) -> str:
+    """User events, keyed by user_id."""
+    return f"{namespace}.events.{LAYOUT_VERSION}"
+
+
+def dead_letter_topic(namespace: str) -> str:
+    """Records that failed to decode or validate, with the reason in headers."""
+    return f"{namespace}.events.dlq.{LAYOUT_VERSION}"
+
+
+def control_topic(namespace: str) -> str:
+    """Operator commands to trainers and their acknowledgements."""
+    return f"{namespace}.control.{LAYOUT_VERSION}"
+
+
+DLQ_REASON_HEADER = "vidrec-dlq-reason"
+DLQ_SOURCE_HEADER = "vidrec-dlq-source"
+"""``topic:partition:offset`` of the record that was dead-lettered."""

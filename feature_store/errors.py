@@ -1,0 +1,95 @@
+"""Every error vidrec raises on purpose, in one hierarchy.
+
+    VidrecError                      base; knows its HTTP status
+    ├── InvalidInput (422)           a value broke the contract; names the field
+    ├── PayloadTooLarge (413)        a body or batch over its size limit
+    ├── NotFound (404)               an id that does not exist
+    ├── Unauthorized (401)           missing or wrong API key
+    ├── Conflict (409)               a state change that cannot apply now
+    ├── ConfigurationError (500)     settings that cannot work
+    └── BackendUnavailable (503)     Redis or Kafka unreachable or failing
+        ├── SparseTableUnavailable   the sparse table's backend failed
+        ├── EventLogUnavailable      the event log's backend failed
+        └── StoreUnavailable         the catalog or activity store failed
+
+Third-party errors (redis-py, kafka-python) are translated at the backend
+boundary and raised ``from`` the original, so callers catch only these.
+"""
+
+from __future__ import annotations
+
+
+class VidrecError(Exception):
+    """Base of vidrec's errors; ``http_status`` is what the API answers with."""
+
+    http_status: int = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON body the API returns for this error."""
+        return {"error": type(self).__name__, "message": self.message}
+
+
+class InvalidInput(VidrecError):
+    """A value broke the data contract; ``field`` names it (dotted path)."""
+
+    http_status = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.reason = message
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": type(self).__name__, "field": self.field, "message": self.reason}
+
+
+class PayloadTooLarge(VidrecError):
+    """A body or batch exceeds its documented size limit."""
+
+    http_status = 413
+
+
+class NotFound(VidrecError):
+    """An id (video, model version, user) that does not exist."""
+
+    http_status = 404
+
+
+class Unauthorized(VidrecError):
+    """Missing or wrong API key."""
+
+    http_status = 401
+
+
+class Conflict(VidrecError):
+    """A state change that cannot apply now (e.g. promoting a missing version)."""
+
+    http_status = 409
+
+
+class ConfigurationError(VidrecError):
+    """Settings that cannot work; raised at start, never mid-request."""
+
+    http_status = 500
+
+
+class BackendUnavailable(VidrecError):
+    """An external backend (Redis, Kafka) is unreachable or failing."""
+
+    http_status = 503
+
+
+class SparseTableUnavailable(BackendUnavailable):
+    """The sparse table's backend failed; the batch was not applied."""
+
+
+class EventLogUnavailable(BackendUnavailable):
+    """The event log's backend failed; produced records may not be durable."""
+
+
+class StoreUnavailable(BackendUnavailable):
+    """The catalog or activity store's backend failed."""

@@ -1,0 +1,175 @@
+"""The event contract: what a video site reports about what its users did.
+
+Every event enters through :class:`EventValidator` (HTTP ingress and the
+stream consumer alike), so a bad value is refused with a message that names
+its field and never reaches training.
+
+Units: every time is milliseconds since the Unix epoch (``ts``) or a duration
+in milliseconds (``watch_ms``, ``duration_ms``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from feature_store.errors import InvalidInput
+from feature_store.settings import EventLimits
+
+ID_CHARSET = re.compile(r"^[A-Za-z0-9_.:@/+=-]+$")
+"""Characters allowed in ids: URL- and log-safe, no spaces or control bytes."""
+ID_CHARSET_TEXT = "letters, digits and _.:@/+=-"
+
+_HARD_MAX = 1024
+"""Absolute bound on any string before the configurable limits are checked."""
+
+
+class EventType(StrEnum):
+    IMPRESSION = "impression"
+    """The video was shown to the user."""
+    CLICK = "click"
+    PLAY = "play"
+    """Playback ran; ``watch_ms`` says how long."""
+    PROGRESS = "progress"
+    """Periodic heartbeat during playback; ``watch_ms`` is the total so far."""
+    FINISH = "finish"
+    LIKE = "like"
+    SHARE = "share"
+    SKIP = "skip"
+    DISLIKE = "dislike"
+
+
+class EventContext(BaseModel):
+    """Where and how the event happened. Every field is optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str | None = Field(None, max_length=32)
+    """Device class, e.g. ``phone``, ``tv``, ``desktop``."""
+    os: str | None = Field(None, max_length=32)
+    country: str | None = Field(None, max_length=8)
+    """ISO 3166 code, e.g. ``US``."""
+    surface: str | None = Field(None, max_length=32)
+    """Where in the product: ``home``, ``search``, ``related``..."""
+    position: int | None = Field(None, ge=0, le=10_000)
+    """Rank at which the video was shown (0 = first)."""
+
+
+class Event(BaseModel):
+    """One user action on one video."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: str = Field(max_length=_HARD_MAX)
+    """Idempotency key: the same ``event_id`` twice is the same event."""
+    user_id: str = Field(max_length=_HARD_MAX)
+    video_id: str = Field(max_length=_HARD_MAX)
+    type: EventType
+    ts: int
+    """Event time, ms since the Unix epoch."""
+    watch_ms: int = 0
+    """Milliseconds watched (play, progress, finish); 0 otherwise."""
+    duration_ms: int | None = None
+    """The video's length in ms when the client knows it."""
+    recommendation_id: str | None = Field(None, max_length=_HARD_MAX)
+    """The ``recommendation_id`` of the response that showed this video."""
+    model_version: str | None = Field(None, max_length=_HARD_MAX)
+    context: EventContext = EventContext()
+
+    def watch_ratio(self, fallback_duration_ms: int | None = None) -> float | None:
+        """Fraction of the video watched, capped at 1; None without a duration."""
+        duration = self.duration_ms or fallback_duration_ms
+        if not duration:
+            return None
+        return min(1.0, self.watch_ms / duration)
+
+
+def _field_of(error: dict[str, Any]) -> str:
+    return ".".join(str(part) for part in error["loc"]) or "body"
+
+
+def translate_pydantic_error(exc: PydanticValidationError, prefix: str = "") -> InvalidInput:
+    """The first error of ``exc`` as :class:`InvalidInput` naming its field."""
+    first = exc.errors(include_url=False)[0]
+    field = _field_of(first)
+    if first["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif first["type"] == "enum":
+        message = f"unknown value {first.get('input')!r}; expected one of {first['ctx']['expected']}"
+    else:
+        message = first["msg"]
+    return InvalidInput(f"{prefix}{field}", message)
+
+
+class EventValidator:
+    """Validates events against the configured :class:`EventLimits`.
+
+    Structure and types come from the pydantic model; the limits that depend
+    on configuration or on the clock (id length, watch bounds, how far in the
+    future ``ts`` may be) are checked here so both ingress paths share them.
+    """
+
+    def __init__(self, limits: EventLimits) -> None:
+        self.limits = limits
+
+    def parse_json(self, data: bytes | str, now_ms: int | None = None) -> Event:
+        """Decode and validate one JSON event; raises :class:`InvalidInput`."""
+        try:
+            event = Event.model_validate_json(data)
+        except PydanticValidationError as exc:
+            raise translate_pydantic_error(exc) from exc
+        self.check(event, now_ms)
+        return event
+
+    def parse_obj(self, data: object, now_ms: int | None = None) -> Event:
+        """Validate one already-decoded event; raises :class:`InvalidInput`."""
+        if not isinstance(data, dict):
+            raise InvalidInput("body", "an event must be a JSON object")
+        try:
+            event = Event.model_validate(data)
+        except PydanticValidationError as exc:
+            raise translate_pydantic_error(exc) from exc
+        self.check(event, now_ms)
+        return event
+
+    def check(self, event: Event, now_ms: int | None = None) -> None:
+        """Apply the configured limits to a structurally valid event."""
+        limits = self.limits
+        check_id("event_id", event.event_id, limits.max_id_length)
+        check_id("user_id", event.user_id, limits.max_id_length)
+        check_id("video_id", event.video_id, limits.max_id_length)
+        if event.recommendation_id is not None:
+            check_id("recommendation_id", event.recommendation_id, limits.max_id_length)
+        if event.model_version is not None:
+            check_id("model_version", event.model_version, limits.max_id_length)
+        if not 0 <= event.watch_ms <= limits.max_watch_ms:
+            raise InvalidInput("watch_ms", f"must be between 0 and {limits.max_watch_ms}")
+        if event.duration_ms is not None and not 0 < event.duration_ms <= limits.max_watch_ms:
+            raise InvalidInput("duration_ms", f"must be between 1 and {limits.max_watch_ms}")
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if event.ts > now + limits.future_tolerance_ms:
+            raise InvalidInput(
+                "ts", f"{event.ts} is more than {limits.future_tolerance_ms} ms in the future"
+            )
+        if event.ts < limits.min_ts_ms:
+            raise InvalidInput("ts", f"must be at least {limits.min_ts_ms} (ms since epoch)")
+
+
+def check_id(field: str, value: str, max_length: int) -> None:
+    """Refuse an empty, overlong or oddly-charactered id, naming ``field``."""
+    if not value:
+        raise InvalidInput(field, "must not be empty")
+    if len(value) > max_length:
+        raise InvalidInput(field, f"longer than {max_length} characters")
+    if not ID_CHARSET.match(value):
+        raise InvalidInput(field, f"may contain only {ID_CHARSET_TEXT}")
+
+
+def encode_event(event: Event) -> bytes:
+    """Wire format of an event on the log: compact JSON, unset optionals left out."""
+    return event.model_dump_json(exclude_none=True, exclude_defaults=True).encode()

@@ -1,0 +1,31 @@
+"""Session-wide real services, flushed per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.services import RedisServer, TansuBroker
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture()
+def redis_url(redis_server: RedisServer) -> Iterator[str]:
+    """URL of the session's redis-server, emptied before each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    yield redis_server.url
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[TansuBroker]:
+    with TansuBroker() as broker:
+        yield broker
