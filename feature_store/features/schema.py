@@ -1,0 +1,136 @@
+"""The feature schema: which columns the model has, and its fingerprint.
+
+The schema's hash is written into every exported model's manifest; the
+server refuses to serve a model whose schema differs from its own, because
+its keys and index tensors would not mean what the model learnt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from feature_store.features.columns import (
+    CATEGORICAL_SOURCES,
+    DENSE_SOURCES,
+    MULTI_SOURCES,
+    Categorical,
+    Column,
+    Crossed,
+    Dense,
+    MultiValued,
+)
+from feature_store.settings import FeatureSettings
+
+WIDE_TABLE = "wide"
+"""Sparse table holding every wide (FTRL) weight, one float per key."""
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    """An ordered, validated set of columns."""
+
+    columns: tuple[Column, ...]
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate column names in {names}")
+        categorical = {c.name for c in self.categorical}
+        for col in self.columns:
+            if isinstance(col, Categorical) and col.source not in CATEGORICAL_SOURCES:
+                raise ValueError(f"{col.name}: unknown categorical source {col.source!r}")
+            if isinstance(col, MultiValued) and col.source not in MULTI_SOURCES:
+                raise ValueError(f"{col.name}: unknown multi-valued source {col.source!r}")
+            if isinstance(col, Dense) and col.source not in DENSE_SOURCES:
+                raise ValueError(f"{col.name}: unknown dense source {col.source!r}")
+            if isinstance(col, Crossed) and not set(col.columns) <= categorical:
+                raise ValueError(f"{col.name}: crosses must name categorical columns")
+        dims: dict[str, int] = {}
+        for col in self.embedded:
+            table = col.table_name()
+            if table == WIDE_TABLE:
+                raise ValueError(f"{col.name}: table name {WIDE_TABLE!r} is reserved")
+            if dims.setdefault(table, col.dim) != col.dim:
+                raise ValueError(f"{col.name}: table {table!r} shared with another dim")
+
+    @property
+    def categorical(self) -> list[Categorical]:
+        return [c for c in self.columns if isinstance(c, Categorical)]
+
+    @property
+    def multi_valued(self) -> list[MultiValued]:
+        return [c for c in self.columns if isinstance(c, MultiValued)]
+
+    @property
+    def embedded(self) -> list[Categorical | MultiValued]:
+        """Columns with an embedding, in schema order (the deep part's inputs)."""
+        return [c for c in self.columns if isinstance(c, Categorical | MultiValued)]
+
+    @property
+    def crossed(self) -> list[Crossed]:
+        return [c for c in self.columns if isinstance(c, Crossed)]
+
+    @property
+    def dense(self) -> list[Dense]:
+        return [c for c in self.columns if isinstance(c, Dense)]
+
+    @property
+    def wide_width(self) -> int:
+        """Wide keys per row: wide categorical columns plus crosses."""
+        return sum(1 for c in self.categorical if c.wide) + len(self.crossed)
+
+    def table_dims(self) -> dict[str, int]:
+        """Embedding tables and their row width, in first-use order."""
+        dims: dict[str, int] = {}
+        for col in self.embedded:
+            dims.setdefault(col.table_name(), col.dim)
+        return dims
+
+    def describe(self) -> list[dict[str, object]]:
+        return [{"kind": type(c).__name__, **asdict(c)} for c in self.columns]
+
+    def schema_hash(self) -> str:
+        """sha256 of the canonical JSON of the columns (first 16 hex digits)."""
+        text = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
+    """vidrec's standard Wide&Deep columns for video recommendation."""
+    history_len = (features or FeatureSettings()).history_in_model
+    return FeatureSchema(
+        columns=(
+            Categorical("user", "user_id", dim=16),
+            Categorical("video", "video_id", dim=16),
+            Categorical("creator", "creator_id", dim=16),
+            Categorical("category", "category", dim=8),
+            Categorical("device", "device", dim=4),
+            Categorical("os", "os", dim=4, wide=False),
+            Categorical("country", "country", dim=4),
+            Categorical("surface", "surface", dim=4),
+            Categorical("hour", "hour_of_day", dim=4),
+            Categorical("position", "position_bucket", dim=4),
+            Categorical("duration", "duration_bucket", dim=4),
+            MultiValued("tags", "tags", dim=8, max_len=8),
+            # Shares the video table: a watched video and a candidate video
+            # are the same row, so history pooling speaks the video's language.
+            MultiValued("history", "history_videos", dim=16, max_len=history_len, table="video"),
+            Crossed("user_x_category", ("user", "category")),
+            Crossed("user_x_creator", ("user", "creator")),
+            Crossed("video_x_device", ("video", "device")),
+            Crossed("video_x_surface", ("video", "surface")),
+            Crossed("category_x_hour", ("category", "hour")),
+            Crossed("country_x_video", ("country", "video")),
+            Dense("video_age", "video_age_log_hours"),
+            Dense("duration_s", "duration_log_s"),
+            Dense("log_engagements", "log_engagements"),
+            Dense("log_impressions", "log_impressions"),
+            Dense("finish_rate", "finish_rate"),
+            Dense("like_rate", "like_rate"),
+            Dense("skip_rate", "skip_rate"),
+            Dense("history_length", "history_length_log"),
+            Dense("recency", "recency_log_hours"),
+        )
+    )

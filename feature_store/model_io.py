@@ -1,0 +1,65 @@
+"""The contract between the exported dense network and whoever runs it.
+
+The trainer exports its torch module to ONNX with exactly these input and
+output names; the server builds the same feed from a :class:`BatchFeatures`
+and the rows it pulled. Keeping the names and the feed builder here (in
+``feature_store``, which both sides import) is what keeps training and
+serving from drifting.
+
+Inputs (B = rows in the batch, N_t = unique keys pulled from table t):
+
+- ``emb__{table}``: float32 ``(N_t, dim_t)``, the temporary embedding matrix;
+- ``idx__{column}``: int64 ``(B,)`` or ``(B, max_len)``, indices into it,
+  padding = ``N_t`` (the model appends a zero row);
+- ``wide_weights``: float32 ``(N_w, 1)``; ``wide_idx``: int64 ``(B, W)``;
+- ``dense``: float32 ``(B, n_dense)``.
+
+Output: ``score``, float32 ``(B,)``, the predicted probability of a positive
+outcome (see the trainer's label policy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from feature_store.features.extract import BatchFeatures
+from feature_store.features.schema import FeatureSchema
+
+WIDE_WEIGHTS = "wide_weights"
+WIDE_INDICES = "wide_idx"
+DENSE = "dense"
+SCORE = "score"
+
+
+def embedding_input(table: str) -> str:
+    return f"emb__{table}"
+
+
+def index_input(column: str) -> str:
+    return f"idx__{column}"
+
+
+def input_names(schema: FeatureSchema) -> list[str]:
+    """Every input of the exported model, in positional order."""
+    names = [embedding_input(t) for t in schema.table_dims()]
+    names += [index_input(c.name) for c in schema.embedded]
+    return [*names, WIDE_WEIGHTS, WIDE_INDICES, DENSE]
+
+
+def build_feed(
+    schema: FeatureSchema,
+    batch: BatchFeatures,
+    table_rows: dict[str, npt.NDArray[np.float32]],
+    wide_rows: npt.NDArray[np.float32],
+) -> dict[str, npt.NDArray[np.generic]]:
+    """The ONNX feed for a batch, given the rows pulled for its keys."""
+    feed: dict[str, npt.NDArray[np.generic]] = {}
+    for table in schema.table_dims():
+        feed[embedding_input(table)] = np.ascontiguousarray(table_rows[table], dtype=np.float32)
+    for col in schema.embedded:
+        feed[index_input(col.name)] = batch.column_indices[col.name]
+    feed[WIDE_WEIGHTS] = np.ascontiguousarray(wide_rows, dtype=np.float32).reshape(-1, 1)
+    feed[WIDE_INDICES] = batch.wide_indices
+    feed[DENSE] = batch.dense
+    return feed
