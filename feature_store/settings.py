@@ -107,6 +107,13 @@ class SparseSettings(_Section):
     """Seconds after its last update that a row (and its state) disappears."""
 
 
+class StoreSettings(_Section):
+    """The catalog and the per-user / per-video activity store."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    """``memory``: in-process, snapshotted to the data directory; ``redis``: shared."""
+
+
 class FeatureSettings(_Section):
     history_length: int = Field(50, ge=1, le=1000)
     """Recent watches kept per user (feeds the history feature and candidates)."""
@@ -135,6 +142,7 @@ class Settings(BaseSettings):
     event_log: EventLogSettings = EventLogSettings()
     limits: EventLimits = EventLimits()
     sparse: SparseSettings = SparseSettings()
+    stores: StoreSettings = StoreSettings()
     features: FeatureSettings = FeatureSettings()
 
     @model_validator(mode="after")

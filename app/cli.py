@@ -1,0 +1,120 @@
+"""The ``vidrec`` command.
+
+    vidrec up [--demo]         API + trainer + embedded backends in one process
+    vidrec serve               the HTTP service alone (production)
+    vidrec train               the online trainer alone (production)
+    vidrec replay DATASET      write a dataset to the event log in event-time order
+
+Settings come from ``VIDREC_*`` environment variables (see
+``feature_store.settings``); flags override the few that people change by
+hand. The trainer is found through its entry point, so this module (part of
+the service) never imports ``trainer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from feature_store.errors import VidrecError
+from feature_store.settings import Settings
+
+log = logging.getLogger("vidrec")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = Path(args.data_dir)
+    return Settings(**overrides)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from app.server import run_embedded
+
+    return run_embedded(_settings(args), host=args.host, port=args.port, demo=args.demo)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from app.server import run_service
+
+    return run_service(_settings(args), host=args.host, port=args.port)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from feature_store.component import load_trainer_factory
+    from feature_store.runtime import open_resources
+
+    settings = _settings(args)
+    factory = load_trainer_factory()
+    with open_resources(settings) as resources:
+        trainer = factory(resources)
+        signal.signal(signal.SIGTERM, lambda *_: trainer.stop())
+        signal.signal(signal.SIGINT, lambda *_: trainer.stop())
+        trainer.run()
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from feature_store.datasets import replay_dataset
+    from feature_store.runtime import open_resources
+
+    settings = _settings(args)
+    with open_resources(settings) as resources:
+        count = replay_dataset(
+            Path(args.dataset), resources, fmt=args.format, limit=args.limit
+        )
+    log.info("replayed %d events from %s", count, args.dataset)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vidrec", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--data-dir", help="snapshots, registry and checkpoints (VIDREC_DATA_DIR)")
+        return p
+
+    up = with_common(sub.add_parser("up", help="everything in one process (embedded default)"))
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--demo", action="store_true", help="seed a catalog and simulated users")
+    up.set_defaults(func=cmd_up)
+
+    serve = with_common(sub.add_parser("serve", help="the HTTP service alone"))
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(func=cmd_serve)
+
+    train = with_common(sub.add_parser("train", help="the online trainer alone"))
+    train.set_defaults(func=cmd_train)
+
+    replay = with_common(sub.add_parser("replay", help="write a dataset to the event log"))
+    replay.add_argument("dataset", help="directory or file (MovieLens, or CSV of events)")
+    replay.add_argument("--format", default="auto", choices=["auto", "movielens", "csv"])
+    replay.add_argument("--limit", type=int, default=None, help="at most this many events")
+    replay.set_defaults(func=cmd_replay)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except VidrecError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
