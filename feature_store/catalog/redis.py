@@ -1,0 +1,228 @@
+"""The catalog in Redis, shared by every API and trainer process.
+
+Layout (prefixes from :mod:`feature_store.constants`):
+
+- ``{CATALOG_VIDEO}{video_id}``: the video as JSON (the same JSON as a
+  snapshot line), so ``get_many`` is one ``MGET``.
+- ``CATALOG_IDS``: sorted set of the *visible* video ids scored by
+  ``uploaded_at`` (ms); ``recent`` is one ``ZREVRANGEBYSCORE`` plus one ``MGET``
+  and never has to skip hidden ones.
+- ``CATALOG_HIDDEN``: sorted set of the hidden ids, same scores, so that
+  ``count`` and ``iter_all`` still see every video without a ``SCAN``.
+
+Every write of one video changes its JSON and its set membership in one
+``MULTI``/``EXEC``, so a reader never sees a video in ``recent`` that its JSON
+calls hidden, or the reverse. Keys are not hash-tagged: this backend assumes
+a single Redis (or a proxy), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from feature_store.catalog.base import Video
+from feature_store.catalog.memory import read_snapshot, write_snapshot
+from feature_store.constants import CATALOG_IDS, CATALOG_VIDEO
+from feature_store.errors import NotFound, StoreUnavailable
+
+CATALOG_HIDDEN = f"{CATALOG_IDS}:hidden"
+"""Sorted set of hidden video ids scored by ``uploaded_at``.
+
+Derived from ``CATALOG_IDS`` so it follows its layout version; belongs in
+:mod:`feature_store.constants` next to it.
+"""
+
+
+@contextmanager
+def _redis_errors(operation: str) -> Iterator[None]:
+    """Translate redis-py's errors into :class:`StoreUnavailable` at the boundary."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreUnavailable(f"catalog {operation} failed: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    """Member names come back as bytes unless the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class RedisCatalog:
+    """Catalog in Redis; see the module docstring for the layout.
+
+    ``client``: a redis-py client owned by the caller (closed by whoever
+    opened it, not by :meth:`close`). ``chunk``: most keys per command, so one
+    reply stays bounded (``RedisSettings.batch_chunk``); a larger request is
+    still one round trip, as several commands in one pipeline.
+    """
+
+    def __init__(self, client: redis.Redis, chunk: int = 8192) -> None:
+        self.client = client
+        self.chunk = chunk
+
+    def __enter__(self) -> RedisCatalog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- writes ------------------------------------------------------------
+
+    def upsert(self, videos: Sequence[Video]) -> None:
+        """Insert or replace videos: one pipelined transaction per ``chunk`` videos."""
+        with _redis_errors("upsert"):
+            for part in _chunks(videos, self.chunk):
+                pipe = self.client.pipeline(transaction=True)
+                for video in part:
+                    _queue_write(pipe, video)
+                pipe.execute()
+
+    def set_hidden(self, video_id: str, hidden: bool) -> Video:
+        """Hide or unhide; raises :class:`NotFound` for an unknown id.
+
+        Optimistic: ``WATCH`` the video's key, so a concurrent upsert of the
+        same video makes this retry instead of being overwritten by stale JSON.
+        """
+        key = CATALOG_VIDEO + video_id
+        result: list[Video] = []
+
+        def change(pipe: Any) -> None:
+            raw = pipe.get(key)
+            if raw is None:
+                raise NotFound(f"video {video_id!r} is not in the catalog")
+            video = Video.model_validate_json(raw).model_copy(update={"hidden": hidden})
+            pipe.multi()
+            _queue_write(pipe, video)
+            result[:] = [video]
+
+        with _redis_errors("set_hidden"):
+            self.client.transaction(change, key)
+        return result[0]
+
+    # --- reads -------------------------------------------------------------
+
+    def get(self, video_id: str) -> Video | None:
+        with _redis_errors("get"):
+            raw = self.client.get(CATALOG_VIDEO + video_id)
+        return None if raw is None else Video.model_validate_json(raw)
+
+    def get_many(self, video_ids: Sequence[str]) -> list[Video | None]:
+        """Videos in the order asked, ``None`` where unknown; one round trip."""
+        if not video_ids:
+            return []
+        with _redis_errors("get_many"):
+            pipe = self.client.pipeline(transaction=False)
+            for part in _chunks(video_ids, self.chunk):
+                pipe.mget([CATALOG_VIDEO + video_id for video_id in part])
+            replies = pipe.execute()
+        return [
+            None if raw is None else Video.model_validate_json(raw)
+            for reply in replies
+            for raw in reply
+        ]
+
+    def recent(self, limit: int, since_ms: int | None = None) -> list[Video]:
+        """Newest visible uploads first; only those uploaded at or after ``since_ms``.
+
+        Two round trips (ids, then their JSON). A video hidden between the two
+        is dropped, so the answer may hold fewer than ``limit`` then.
+        """
+        if limit <= 0:
+            return []
+        low: str | int = "-inf" if since_ms is None else since_ms
+        with _redis_errors("recent"):
+            ids = self.client.zrevrangebyscore(CATALOG_IDS, "+inf", low, start=0, num=limit)
+        found = self.get_many([_text(member) for member in ids])
+        return [video for video in found if video is not None and not video.hidden]
+
+    def count(self) -> int:
+        """Every video, hidden ones included."""
+        with _redis_errors("count"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zcard(CATALOG_IDS)
+            pipe.zcard(CATALOG_HIDDEN)
+            visible, hidden = pipe.execute()
+        return int(visible) + int(hidden)
+
+    def iter_all(self) -> Iterable[Video]:
+        """Every video, hidden included, ``chunk`` at a time (not a point-in-time view)."""
+        for ids in self._iter_ids():
+            for video in self.get_many(ids):
+                if video is not None:
+                    yield video
+
+    def _iter_ids(self) -> Iterator[list[str]]:
+        """All ids of both sets, one chunk at a time, by rank.
+
+        Ranks shift under concurrent writes, so a video written meanwhile may
+        be missed or seen twice; snapshots are taken from a quiet catalog.
+        """
+        for key in (CATALOG_IDS, CATALOG_HIDDEN):
+            start = 0
+            while True:
+                with _redis_errors("iter_all"):
+                    members = self.client.zrange(key, start, start + self.chunk - 1)
+                if not members:
+                    break
+                yield [_text(member) for member in members]
+                start += len(members)
+
+    # --- persistence -------------------------------------------------------
+
+    def snapshot(self, directory: Path) -> None:
+        """Write every video to ``directory`` in the shared JSON-lines format."""
+        write_snapshot(directory, self.iter_all())
+
+    def restore(self, directory: Path) -> int:
+        """Make the catalog equal to a snapshot from any backend; returns its size.
+
+        Writes every snapshot video first, then deletes the videos the
+        snapshot lacks, so a video present in both is never missing to
+        readers meanwhile. Not one transaction: readers may see a mix of old
+        and new records while it runs.
+        """
+        kept: set[str] = set()
+        batch: list[Video] = []
+        for video in read_snapshot(directory):
+            kept.add(video.video_id)
+            batch.append(video)
+            if len(batch) >= self.chunk:
+                self.upsert(batch)
+                batch = []
+        self.upsert(batch)
+        stale = [video_id for ids in self._iter_ids() for video_id in ids if video_id not in kept]
+        with _redis_errors("restore"):
+            for part in _chunks(stale, self.chunk):
+                pipe = self.client.pipeline(transaction=True)
+                pipe.delete(*(CATALOG_VIDEO + video_id for video_id in part))
+                pipe.zrem(CATALOG_IDS, *part)
+                pipe.zrem(CATALOG_HIDDEN, *part)
+                pipe.execute()
+        return len(kept)
+
+    def close(self) -> None:
+        """Nothing to release: the client belongs to whoever opened it."""
+
+
+def _queue_write(pipe: Any, video: Video) -> None:
+    """Queue the commands that store ``video`` and put it in the right set."""
+    pipe.set(CATALOG_VIDEO + video.video_id, video.model_dump_json())
+    shown, other = (CATALOG_HIDDEN, CATALOG_IDS) if video.hidden else (CATALOG_IDS, CATALOG_HIDDEN)
+    pipe.zadd(shown, {video.video_id: video.uploaded_at})
+    pipe.zrem(other, video.video_id)
