@@ -1,4 +1,4 @@
-"""Opening the catalog store a process was configured for."""
+"""Opening the catalog backend a process was configured for."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import redis
 
-from feature_store.catalog.memory import SNAPSHOT_FILE, MemoryCatalog
+from feature_store.catalog.memory import MemoryCatalog
 from feature_store.catalog.redis import RedisCatalog
+from feature_store.errors import ConfigurationError
 from feature_store.settings import Settings
 
 
@@ -16,19 +17,18 @@ def open_catalog(
     redis_client: redis.Redis | None = None,
     data_dir: Path | None = None,
 ) -> MemoryCatalog | RedisCatalog:
-    """The ``redis`` backend when a client is given, else the embedded ``memory`` one.
+    """The backend named by ``settings.stores.backend``.
 
-    ``redis_client`` stays the caller's: the caller opened it (one client per
-    process, shared by every store) and closes it after closing the store.
-    ``data_dir``: where the memory backend persists (usually
-    ``settings.data_dir / "catalog"``); a snapshot found there is restored
-    now and :meth:`~MemoryCatalog.close` writes a new one. ``None`` keeps the
-    catalog in memory only (tests, throwaway runs). Ignored for Redis, which
-    persists itself.
+    ``redis_client`` (required for ``redis``) stays the caller's: one client
+    per process is shared by every store, and whoever opened it closes it
+    after closing the store. ``data_dir`` is where the embedded catalog's
+    snapshots live; the owner (:class:`feature_store.runtime.Resources`)
+    snapshots and restores it there, so opening reads nothing from disk and
+    the parameter only keeps the factories' signatures alike.
     """
-    if redis_client is not None:
+    del data_dir  # see the docstring: persistence is the owner's call
+    if settings.stores.backend == "redis":
+        if redis_client is None:
+            raise ConfigurationError("stores.backend is 'redis' but no Redis client was given")
         return RedisCatalog(redis_client, chunk=settings.redis.batch_chunk)
-    store = MemoryCatalog(snapshot_dir=data_dir)
-    if data_dir is not None and (data_dir / SNAPSHOT_FILE).is_file():
-        store.restore(data_dir)
-    return store
+    return MemoryCatalog()

@@ -33,8 +33,8 @@ def write_snapshot(directory: Path, videos: Iterable[Video]) -> None:
     """Write ``videos`` to ``directory/catalog.jsonl`` atomically.
 
     The lines go to a temporary file in the same directory, which is fsynced
-    and then renamed over the old snapshot, so a crash leaves either the old
-    snapshot or the new one, never half of one.
+    and then renamed over the old snapshot (and the directory fsynced), so a
+    crash leaves either the old snapshot or the new one, never half of one.
     """
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{SNAPSHOT_FILE}.", dir=directory)
@@ -49,6 +49,21 @@ def write_snapshot(directory: Path, videos: Iterable[Video]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_directory(directory)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX; a no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_snapshot(directory: Path) -> Iterator[Video]:
@@ -84,12 +99,12 @@ class MemoryCatalog:
     GIL, and take no lock. Critical sections are dict updates and list
     slices, far too short for contention to be worth a finer scheme.
 
-    ``snapshot_dir``: when set, :meth:`close` writes a snapshot there (the
-    factory restores from it on open).
+    Persistence is driven by the owner (``Resources.snapshot`` / ``restore``
+    in :mod:`feature_store.runtime`), not by :meth:`close`, so a snapshot is
+    written once per shutdown.
     """
 
-    def __init__(self, snapshot_dir: Path | None = None) -> None:
-        self.snapshot_dir = snapshot_dir
+    def __init__(self) -> None:
         self._videos: dict[str, Video] = {}
         self._visible: list[tuple[int, str]] = []
         self._lock = threading.Lock()
@@ -201,6 +216,4 @@ class MemoryCatalog:
         return len(videos)
 
     def close(self) -> None:
-        """Snapshot to ``snapshot_dir`` when one was given."""
-        if self.snapshot_dir is not None:
-            self.snapshot(self.snapshot_dir)
+        """Nothing to release; the owner snapshots first if it wants to keep the data."""

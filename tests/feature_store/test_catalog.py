@@ -10,12 +10,21 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from feature_store.catalog import CatalogStore, Video, open_catalog, validate_video
-from feature_store.errors import InvalidInput, NotFound, StoreUnavailable
+from feature_store.catalog import (
+    CatalogStore,
+    MemoryCatalog,
+    RedisCatalog,
+    Video,
+    open_catalog,
+    validate_video,
+)
+from feature_store.errors import ConfigurationError, InvalidInput, NotFound, StoreUnavailable
 from feature_store.settings import EventLimits, Settings
 from tests.factories import make_video
 from tests.services import free_port
 
+REDIS_SETTINGS = Settings(stores={"backend": "redis"})  # type: ignore[arg-type]
+SETTINGS = {"memory": Settings(), "redis": REDIS_SETTINGS}
 BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
 
 OpenCatalog = Callable[[str], CatalogStore]
@@ -32,7 +41,7 @@ def open_store(request: pytest.FixtureRequest) -> Iterator[OpenCatalog]:
         if backend == "redis":
             client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
             clients.append(client)
-        store = open_catalog(Settings(), redis_client=client)
+        store = open_catalog(SETTINGS[backend], redis_client=client)
         stores.append(store)
         return store
 
@@ -154,20 +163,22 @@ def test_restore_without_a_snapshot_is_not_found(catalog: CatalogStore, tmp_path
         catalog.restore(tmp_path)
 
 
-def test_memory_catalog_persists_through_its_data_dir(tmp_path: Path) -> None:
-    video = make_video()
-    with open_catalog(Settings(), data_dir=tmp_path) as store:
-        store.upsert([video])
-
-    reopened = open_catalog(Settings(), data_dir=tmp_path)
-
-    assert reopened.get(video.video_id) == video
+@pytest.mark.redis
+def test_the_factory_opens_the_configured_backend(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert isinstance(open_catalog(Settings()), MemoryCatalog)
+        assert isinstance(open_catalog(REDIS_SETTINGS, redis_client=client), RedisCatalog)
+        with pytest.raises(ConfigurationError, match="stores.backend"):
+            open_catalog(REDIS_SETTINGS)
+    finally:
+        client.close()
 
 
 @pytest.mark.redis
 def test_redis_down_is_store_unavailable() -> None:
     client = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
-    store = open_catalog(Settings(), redis_client=client)
+    store = open_catalog(REDIS_SETTINGS, redis_client=client)
     calls: list[Callable[[], object]] = [
         lambda: store.get("v1"),
         lambda: store.get_many(["v1", "v2"]),
