@@ -1,0 +1,81 @@
+"""The model registry never shows a partial version and keeps what it must."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from feature_store.errors import Conflict, NotFound
+from feature_store.registry import Manifest, ModelRegistry
+
+
+def publish(registry: ModelRegistry, n: int, payload: bytes = b"onnx") -> str:
+    version = f"main-{n:04d}"
+    registry.publish(
+        lambda path: path.write_bytes(payload),
+        Manifest(
+            version=version,
+            family="main",
+            created_at_ms=int(time.time() * 1000) + n,
+            schema_hash="abc",
+            table_dims={"user": 16},
+            metrics={"auc": 0.7},
+        ),
+    )
+    return version
+
+
+def test_publish_activate_rollback(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    assert registry.active() is None
+    first, second = publish(registry, 1), publish(registry, 2)
+    assert registry.list_versions() == [first, second]
+    registry.activate(first)
+    registry.activate(second)
+    assert registry.active() == second
+    assert registry.manifest(second).metrics == {"auc": 0.7}
+    assert registry.model_path(second).read_bytes() == b"onnx"
+    assert registry.rollback() == first
+    assert registry.active() == first
+    with pytest.raises(Conflict):
+        registry.rollback()
+
+
+def test_failed_export_leaves_nothing_visible(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+
+    def half_written(path: Path) -> None:
+        path.write_bytes(b"half")
+        raise RuntimeError("exporter crashed")
+
+    with pytest.raises(RuntimeError):
+        registry.publish(
+            half_written,
+            Manifest(version="bad", family="main", created_at_ms=1, schema_hash="x", table_dims={}),
+        )
+    assert registry.list_versions() == []
+    assert list((tmp_path / "versions").iterdir()) == []
+
+
+def test_unknown_version_is_not_found(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    with pytest.raises(NotFound):
+        registry.activate("nope")
+
+
+def test_prune_keeps_newest_and_never_the_active(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    versions = [publish(registry, n) for n in range(6)]
+    registry.activate(versions[0])
+    deleted = registry.prune(keep=2)
+    assert versions[0] not in deleted
+    assert set(registry.list_versions()) == {versions[0], versions[4], versions[5]}
+
+
+def test_pointer_is_shared_between_registry_objects(tmp_path: Path) -> None:
+    writer, reader = ModelRegistry(tmp_path), ModelRegistry(tmp_path)
+    version = publish(writer, 1)
+    writer.activate(version)
+    assert reader.active() == version
