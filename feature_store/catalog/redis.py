@@ -40,12 +40,16 @@ Derived from ``CATALOG_IDS`` so it follows its layout version; belongs in
 
 
 @contextmanager
-def _redis_errors(operation: str) -> Iterator[None]:
-    """Translate redis-py's errors into :class:`StoreUnavailable` at the boundary."""
+def store_errors(operation: str) -> Iterator[None]:
+    """Translate redis-py's errors into :class:`StoreUnavailable` at the boundary.
+
+    ``operation`` names the store and method in the message (``"catalog
+    get_many"``); shared with the activity store's Redis backend.
+    """
     try:
         yield
     except redis.RedisError as exc:
-        raise StoreUnavailable(f"catalog {operation} failed: {exc}") from exc
+        raise StoreUnavailable(f"{operation} failed: {exc}") from exc
 
 
 def _text(value: bytes | str) -> str:
@@ -86,7 +90,7 @@ class RedisCatalog:
 
     def upsert(self, videos: Sequence[Video]) -> None:
         """Insert or replace videos: one pipelined transaction per ``chunk`` videos."""
-        with _redis_errors("upsert"):
+        with store_errors("catalog upsert"):
             for part in _chunks(videos, self.chunk):
                 pipe = self.client.pipeline(transaction=True)
                 for video in part:
@@ -111,14 +115,14 @@ class RedisCatalog:
             _queue_write(pipe, video)
             result[:] = [video]
 
-        with _redis_errors("set_hidden"):
+        with store_errors("catalog set_hidden"):
             self.client.transaction(change, key)
         return result[0]
 
     # --- reads -------------------------------------------------------------
 
     def get(self, video_id: str) -> Video | None:
-        with _redis_errors("get"):
+        with store_errors("catalog get"):
             raw = self.client.get(CATALOG_VIDEO + video_id)
         return None if raw is None else Video.model_validate_json(raw)
 
@@ -126,7 +130,7 @@ class RedisCatalog:
         """Videos in the order asked, ``None`` where unknown; one round trip."""
         if not video_ids:
             return []
-        with _redis_errors("get_many"):
+        with store_errors("catalog get_many"):
             pipe = self.client.pipeline(transaction=False)
             for part in _chunks(video_ids, self.chunk):
                 pipe.mget([CATALOG_VIDEO + video_id for video_id in part])
@@ -146,14 +150,14 @@ class RedisCatalog:
         if limit <= 0:
             return []
         low: str | int = "-inf" if since_ms is None else since_ms
-        with _redis_errors("recent"):
+        with store_errors("catalog recent"):
             ids = self.client.zrevrangebyscore(CATALOG_IDS, "+inf", low, start=0, num=limit)
         found = self.get_many([_text(member) for member in ids])
         return [video for video in found if video is not None and not video.hidden]
 
     def count(self) -> int:
         """Every video, hidden ones included."""
-        with _redis_errors("count"):
+        with store_errors("catalog count"):
             pipe = self.client.pipeline(transaction=True)
             pipe.zcard(CATALOG_IDS)
             pipe.zcard(CATALOG_HIDDEN)
@@ -176,7 +180,7 @@ class RedisCatalog:
         for key in (CATALOG_IDS, CATALOG_HIDDEN):
             start = 0
             while True:
-                with _redis_errors("iter_all"):
+                with store_errors("catalog iter_all"):
                     members = self.client.zrange(key, start, start + self.chunk - 1)
                 if not members:
                     break
@@ -207,7 +211,7 @@ class RedisCatalog:
                 batch = []
         self.upsert(batch)
         stale = [video_id for ids in self._iter_ids() for video_id in ids if video_id not in kept]
-        with _redis_errors("restore"):
+        with store_errors("catalog restore"):
             for part in _chunks(stale, self.chunk):
                 pipe = self.client.pipeline(transaction=True)
                 pipe.delete(*(CATALOG_VIDEO + video_id for video_id in part))

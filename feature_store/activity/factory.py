@@ -1,0 +1,33 @@
+"""Opening the activity backend a process was configured for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import redis
+
+from feature_store.activity.memory import MemoryActivity
+from feature_store.activity.redis import RedisActivity
+from feature_store.errors import ConfigurationError
+from feature_store.settings import Settings
+
+
+def open_activity(
+    settings: Settings,
+    redis_client: redis.Redis | None = None,
+    data_dir: Path | None = None,
+) -> MemoryActivity | RedisActivity:
+    """The backend named by ``settings.stores.backend``.
+
+    ``redis_client`` (required for ``redis``) stays the caller's, who closes
+    it after closing the store. ``data_dir`` is where the embedded store's
+    snapshots live; the owner (:class:`feature_store.runtime.Resources`)
+    snapshots and restores it there, so opening reads nothing from disk and
+    the parameter only keeps the factories' signatures alike.
+    """
+    del data_dir  # see the docstring: persistence is the owner's call
+    if settings.stores.backend == "redis":
+        if redis_client is None:
+            raise ConfigurationError("stores.backend is 'redis' but no Redis client was given")
+        return RedisActivity(redis_client, settings.features, chunk=settings.redis.batch_chunk)
+    return MemoryActivity(settings.features)

@@ -1,0 +1,256 @@
+"""The activity store in Redis, shared by every API and trainer process.
+
+Layout (prefixes from :mod:`feature_store.constants`):
+
+- ``{HISTORY}{user_id}``: list, newest first, one compact JSON triple
+  ``["video_id", watch_ratio, ts]`` per entry, so a reader can ``LRANGE`` just
+  the head. Idle histories expire (``history_ttl_s``, 90 days by default;
+  every write renews it), which bounds the keyspace by active users.
+- ``{VIDEO_STATS}{video_id}``: hash of the :class:`VideoStats` fields, no
+  expiry (lifetime counters).
+
+``record`` is two round trips whatever the batch (up to ``chunk`` users or
+videos per command group): one pipelined ``LRANGE`` of the touched users'
+histories; the merge in Python with :mod:`feature_store.activity.rules`; one
+``MULTI``/``EXEC`` that rewrites each touched history (``DEL`` + ``RPUSH`` +
+``PEXPIRE``, so a reader sees the old list or the new one, never a half) and
+adds each touched video's counters with one small Lua script (``HINCRBY`` per
+counter and a compare-and-set of ``last_ts``, which ``HINCRBY`` cannot
+express). The read-merge-write of a history is not guarded against a
+concurrent writer of the same user: one consumer owns each user's partition
+(see :mod:`feature_store.activity.base`). Counter updates are atomic per video
+and safe from any number of writers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from feature_store.activity import rules
+from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.activity.memory import (
+    decode_entry,
+    encode_entries,
+    read_snapshot,
+    write_snapshot,
+)
+from feature_store.catalog.redis import store_errors
+from feature_store.constants import HISTORY, VIDEO_STATS
+from feature_store.events import Event
+from feature_store.settings import FeatureSettings
+
+HISTORY_TTL_S = 90 * 24 * 3600
+"""Seconds a history survives without a new entry (90 days)."""
+
+_ADD_STATS = """
+for i = 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_ts') or '0')
+if tonumber(ARGV[1]) > last then
+  redis.call('HSET', KEYS[1], 'last_ts', ARGV[1])
+end
+"""
+"""KEYS[1]: the stats hash; ARGV: last_ts, then counter/amount pairs."""
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _encode(history: Sequence[HistoryEntry]) -> list[str]:
+    return [json.dumps(triple, separators=(",", ":")) for triple in encode_entries(history)]
+
+
+def _decode(raw: Sequence[bytes | str]) -> list[HistoryEntry]:
+    return [decode_entry(json.loads(item)) for item in raw]
+
+
+def _stats(raw: dict[Any, Any]) -> VideoStats:
+    fields = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+    return VideoStats(**fields)
+
+
+class RedisActivity:
+    """Activity store in Redis; see the module docstring for layout and round trips.
+
+    ``client``: a redis-py client owned by the caller (not closed by
+    :meth:`close`). ``chunk``: most keys per command group, bounding a reply
+    (``RedisSettings.batch_chunk``). ``history_ttl_s``: idle expiry of a
+    history, ``None`` for none.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        features: FeatureSettings,
+        *,
+        chunk: int = 8192,
+        history_ttl_s: int | None = HISTORY_TTL_S,
+    ) -> None:
+        self.client = client
+        self.features = features
+        self.chunk = chunk
+        self.history_ttl_s = history_ttl_s
+        self._add_stats = client.register_script(_ADD_STATS)
+
+    def __enter__(self) -> RedisActivity:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- writes ------------------------------------------------------------
+
+    def record(self, events: Sequence[Event], durations_ms: dict[str, int] | None = None) -> None:
+        """Apply a batch of events per :mod:`feature_store.activity.rules`."""
+        ordered = rules.in_order(events)
+        if not ordered:
+            return
+        groups = rules.by_user(ordered)
+        old = dict(zip(groups, self.histories(list(groups)), strict=True))
+        durations = durations_ms or {}
+        changed: dict[str, list[HistoryEntry]] = {}
+        for user_id, user_events in groups.items():
+            new = rules.merge_history(
+                old[user_id],
+                user_events,
+                durations_ms=durations,
+                threshold=self.features.watched_ratio_threshold,
+                length=self.features.history_length,
+            )
+            if new != old[user_id]:
+                changed[user_id] = new
+        deltas = rules.stats_deltas(ordered)
+        with store_errors("activity record"):
+            pipe = self.client.pipeline(transaction=True)
+            for user_id, history in changed.items():
+                self._queue_history(pipe, user_id, history)
+            for video_id, delta in deltas.items():
+                args: list[int | str] = [delta.last_ts]
+                for name, amount in delta.increments.items():
+                    args += [name, amount]
+                self._add_stats(keys=[VIDEO_STATS + video_id], args=args, client=pipe)
+            pipe.execute()
+
+    def _queue_history(self, pipe: Any, user_id: str, history: Sequence[HistoryEntry]) -> None:
+        key = HISTORY + user_id
+        pipe.delete(key)
+        if history:
+            pipe.rpush(key, *_encode(history))
+            if self.history_ttl_s is not None:
+                pipe.expire(key, self.history_ttl_s)
+
+    # --- reads -------------------------------------------------------------
+
+    def history(self, user_id: str, limit: int | None = None) -> list[HistoryEntry]:
+        """Newest first; empty for an unknown (or expired) user."""
+        if limit is not None and limit <= 0:
+            return []
+        with store_errors("activity history"):
+            raw = self.client.lrange(HISTORY + user_id, 0, -1 if limit is None else limit - 1)
+        return _decode(raw)
+
+    def histories(self, user_ids: Sequence[str]) -> list[list[HistoryEntry]]:
+        """Several users' histories in one round trip, in the order asked."""
+        if not user_ids:
+            return []
+        with store_errors("activity histories"):
+            pipe = self.client.pipeline(transaction=False)
+            for user_id in user_ids:
+                pipe.lrange(HISTORY + user_id, 0, -1)
+            replies = pipe.execute()
+        return [_decode(raw) for raw in replies]
+
+    def video_stats(self, video_ids: Sequence[str]) -> list[VideoStats]:
+        """Counters in the order asked; zeros for unknown videos; one round trip."""
+        if not video_ids:
+            return []
+        with store_errors("activity video_stats"):
+            pipe = self.client.pipeline(transaction=False)
+            for video_id in video_ids:
+                pipe.hgetall(VIDEO_STATS + video_id)
+            replies = pipe.execute()
+        return [_stats(raw) for raw in replies]
+
+    # --- persistence -------------------------------------------------------
+
+    def _scan(self, prefix: str) -> Iterator[list[str]]:
+        """Ids under ``prefix``, a ``SCAN`` page at a time (may repeat an id)."""
+        cursor: int = 0
+        while True:
+            with store_errors("activity scan"):
+                cursor, keys = self.client.scan(cursor, match=prefix + "*", count=self.chunk)
+            ids = [(k.decode() if isinstance(k, bytes) else k)[len(prefix) :] for k in keys]
+            if ids:
+                yield ids
+            if cursor == 0:
+                return
+
+    def _iter_histories(self) -> Iterator[tuple[str, list[HistoryEntry]]]:
+        for ids in self._scan(HISTORY):
+            yield from zip(ids, self.histories(ids), strict=True)
+
+    def _iter_stats(self) -> Iterator[tuple[str, VideoStats]]:
+        for ids in self._scan(VIDEO_STATS):
+            yield from zip(ids, self.video_stats(ids), strict=True)
+
+    def snapshot(self, directory: Path) -> None:
+        """Write every history and counter in the shared JSON-lines format.
+
+        Walks the keyspace with ``SCAN``: not a point-in-time view, and a key
+        may be seen twice (restoring the duplicate line is harmless).
+        """
+        write_snapshot(directory, self._iter_histories(), self._iter_stats())
+
+    def restore(self, directory: Path) -> None:
+        """Make the store equal to a snapshot from any backend.
+
+        Writes the snapshot first, then deletes the histories and counters it
+        lacks; restored histories get a fresh TTL and are cut to
+        ``history_length``.
+        """
+        kept_users: set[str] = set()
+        kept_videos: set[str] = set()
+        length = self.features.history_length
+        pipe = self.client.pipeline(transaction=True)
+        queued = 0
+        for key, value in read_snapshot(directory):
+            if isinstance(value, VideoStats):
+                kept_videos.add(key)
+                pipe.delete(VIDEO_STATS + key)
+                pipe.hset(VIDEO_STATS + key, mapping=value.model_dump())
+            else:
+                kept_users.add(key)
+                self._queue_history(pipe, key, value[:length])
+            queued += 1
+            if queued >= self.chunk:
+                with store_errors("activity restore"):
+                    pipe.execute()
+                queued = 0
+        with store_errors("activity restore"):
+            pipe.execute()
+        self._delete_except(HISTORY, kept_users)
+        self._delete_except(VIDEO_STATS, kept_videos)
+
+    def _delete_except(self, prefix: str, kept: set[str]) -> None:
+        for ids in self._scan(prefix):
+            stale = [prefix + key for key in ids if key not in kept]
+            if stale:
+                with store_errors("activity restore"):
+                    self.client.unlink(*stale)
+
+    def close(self) -> None:
+        """Nothing to release: the client belongs to whoever opened it."""

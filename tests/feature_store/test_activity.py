@@ -1,0 +1,268 @@
+"""The activity store: the same tests against the memory and the Redis backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from feature_store.activity import (
+    ActivityStore,
+    HistoryEntry,
+    MemoryActivity,
+    RedisActivity,
+    VideoStats,
+    open_activity,
+)
+from feature_store.constants import HISTORY
+from feature_store.errors import ConfigurationError, NotFound, StoreUnavailable
+from feature_store.settings import Settings
+from tests.factories import BASE_TS, make_event
+from tests.services import free_port
+
+BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
+REDIS_SETTINGS = Settings(stores={"backend": "redis"})  # type: ignore[arg-type]
+
+OpenActivity = Callable[..., ActivityStore]
+
+
+@pytest.fixture()
+def open_store(request: pytest.FixtureRequest) -> Iterator[OpenActivity]:
+    """Opens stores of a named backend with feature settings overridden by keywords."""
+    clients: list[redis.Redis] = []
+    stores: list[ActivityStore] = []
+
+    def _open(backend: str, **features: Any) -> ActivityStore:
+        settings: dict[str, Any] = {"stores": {"backend": backend}, "features": features}
+        client = None
+        if backend == "redis":
+            client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+            clients.append(client)
+        store = open_activity(Settings(**settings), redis_client=client)
+        stores.append(store)
+        return store
+
+    yield _open
+    for store in stores:
+        store.close()
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture()
+def store(backend: str, open_store: OpenActivity) -> ActivityStore:
+    """Defaults: history of 50, watched from a ratio of 0.3."""
+    return open_store(backend)
+
+
+def watch(video_id: str, ratio: float, ts: int, **overrides: Any) -> Any:
+    """A play of ``ratio`` of a 100 s video at ``ts``."""
+    fields = {"video_id": video_id, "watch_ms": int(ratio * 100_000), "duration_ms": 100_000}
+    return make_event(ts=ts, **{**fields, **overrides})
+
+
+def videos(history: list[HistoryEntry]) -> list[str]:
+    return [entry.video_id for entry in history]
+
+
+def test_history_is_newest_first(store: ActivityStore) -> None:
+    store.record([watch("a", 0.5, 1_000), watch("b", 0.8, 2_000)])
+    store.record([watch("c", 1.0, 3_000)])
+
+    assert store.history("u1") == [
+        HistoryEntry(video_id="c", watch_ratio=1.0, ts=3_000),
+        HistoryEntry(video_id="b", watch_ratio=0.8, ts=2_000),
+        HistoryEntry(video_id="a", watch_ratio=0.5, ts=1_000),
+    ]
+    assert videos(store.history("u1", limit=2)) == ["c", "b"]
+
+
+def test_rewatch_moves_to_front_and_keeps_best_ratio(store: ActivityStore) -> None:
+    store.record([watch("a", 0.9, 1_000), watch("b", 0.5, 2_000)])
+    store.record([watch("a", 0.4, 3_000)])
+
+    first, second = store.history("u1")
+    assert (first.video_id, first.watch_ratio, first.ts) == ("a", 0.9, 3_000)
+    assert second.video_id == "b"
+
+
+def test_a_late_event_does_not_jump_ahead_of_newer_watches(store: ActivityStore) -> None:
+    store.record([watch("b", 0.5, 2_000)])
+    store.record([watch("a", 0.5, 1_000)])
+
+    assert videos(store.history("u1")) == ["b", "a"]
+
+
+def test_history_is_capped_at_history_length(backend: str, open_store: OpenActivity) -> None:
+    store = open_store(backend, history_length=3)
+    store.record([watch(f"v{i}", 0.5, 1_000 + i) for i in range(5)])
+    store.record([watch("v9", 0.5, 2_000)])
+
+    assert videos(store.history("u1")) == ["v9", "v4", "v3"]
+
+
+def test_only_plays_over_the_threshold_are_watched(store: ActivityStore) -> None:
+    store.record(
+        [
+            watch("short", 0.29, 1_000),
+            watch("exact", 0.3, 1_001),
+            make_event(video_id="no-length", type="play", duration_ms=None, ts=1_002),
+            make_event(video_id="catalog-length", duration_ms=None, watch_ms=40_000, ts=1_003),
+            make_event(video_id="finished", type="finish", watch_ms=1, ts=1_004),
+            watch("progressed", 0.1, 1_005, type="progress"),
+            watch("progressed", 0.6, 1_006, type="progress"),
+        ],
+        durations_ms={"catalog-length": 50_000, "short": 1_000},
+    )
+
+    history = {entry.video_id: entry.watch_ratio for entry in store.history("u1")}
+    assert history == {"exact": 0.3, "catalog-length": 0.8, "finished": 1.0, "progressed": 0.6}
+
+
+def test_likes_and_shares_add_and_negative_signals_remove_nothing(store: ActivityStore) -> None:
+    store.record([watch("a", 0.5, 1_000)])
+    store.record(
+        [
+            make_event(video_id="liked", type="like", ts=2_000),
+            make_event(video_id="shared", type="share", ts=3_000),
+            make_event(video_id="a", type="skip", ts=4_000),
+            make_event(video_id="a", type="dislike", ts=4_001),
+            make_event(video_id="seen", type="impression", ts=4_002),
+            make_event(video_id="clicked", type="click", ts=4_003),
+            make_event(video_id="skipped", type="skip", ts=4_004),
+        ]
+    )
+
+    assert [(e.video_id, e.watch_ratio, e.ts) for e in store.history("u1")] == [
+        ("shared", 1.0, 3_000),
+        ("liked", 1.0, 2_000),
+        ("a", 0.5, 1_000),
+    ]
+
+
+def test_counters_by_event_type(store: ActivityStore) -> None:
+    kinds = ["impression", "impression", "click", "play", "finish", "like", "share", "skip"]
+    store.record([make_event(type=kind, ts=1_000 + i, watch_ms=10) for i, kind in enumerate(kinds)])
+    store.record(
+        [
+            make_event(type="progress", ts=5_000, watch_ms=50_000),
+            make_event(type="dislike", ts=900),
+            make_event(type="play", ts=2_000, watch_ms=7, user_id="u2"),
+        ]
+    )
+
+    assert store.video_stats(["v1"]) == [
+        VideoStats(
+            impressions=2,
+            clicks=1,
+            plays=2,
+            finishes=1,
+            likes=1,
+            shares=1,
+            skips=1,
+            dislikes=1,
+            watch_ms=10 + 10 + 7,  # play and finish; progress adds no watch time
+            last_ts=5_000,
+        )
+    ]
+    assert store.video_stats(["v1"])[0].engagements == 5
+
+
+def test_unknown_users_and_videos_read_as_empty(store: ActivityStore) -> None:
+    store.record([watch("a", 0.5, 1_000)])
+
+    assert store.history("nobody") == []
+    assert store.histories(["nobody", "u1", "nobody2"]) == [[], store.history("u1"), []]
+    assert store.histories([]) == []
+    assert store.video_stats(["unknown", "a"])[0] == VideoStats()
+    assert store.video_stats(["unknown", "a"])[1].plays == 1
+    assert store.video_stats([]) == []
+
+
+def test_a_batch_applies_in_ts_order_and_each_event_once(store: ActivityStore) -> None:
+    late = watch("c", 0.5, 3_000)
+    store.record([late, watch("a", 0.5, 1_000), watch("b", 0.5, 2_000), late])
+
+    assert videos(store.history("u1")) == ["c", "b", "a"]
+    assert store.video_stats(["c"])[0].plays == 1
+
+
+def test_histories_of_several_users(store: ActivityStore) -> None:
+    store.record([watch("a", 0.5, 1_000, user_id="x"), watch("b", 0.5, 1_000, user_id="y")])
+
+    assert [videos(h) for h in store.histories(["y", "x"])] == [["b"], ["a"]]
+
+
+@pytest.mark.parametrize("source", BACKENDS)
+@pytest.mark.parametrize("target", BACKENDS)
+def test_snapshot_restores_into_any_backend(
+    source: str, target: str, open_store: OpenActivity, tmp_path: Path
+) -> None:
+    src = open_store(source)
+    src.record([watch("a", 0.5, 1_000), watch("b", 0.75, 2_000, user_id="u2")])
+    src.record([make_event(video_id="a", type="impression", ts=BASE_TS)])
+    histories, stats = src.histories(["u1", "u2"]), src.video_stats(["a", "b"])
+    src.snapshot(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["activity.jsonl"]  # no temp file left
+    # Restoring must make the target equal to the snapshot, whatever it held.
+    dst = src if target == source else open_store(target)
+    dst.record([watch("a", 0.9, 5_000, user_id="u3"), watch("z", 0.9, 5_000)])
+
+    dst.restore(tmp_path)
+
+    assert dst.histories(["u1", "u2", "u3"]) == [*histories, []]
+    assert dst.video_stats(["a", "b", "z"]) == [*stats, VideoStats()]
+
+
+def test_restore_without_a_snapshot_is_not_found(store: ActivityStore, tmp_path: Path) -> None:
+    with pytest.raises(NotFound):
+        store.restore(tmp_path)
+
+
+@pytest.mark.redis
+def test_redis_histories_expire_when_idle(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    store = open_activity(REDIS_SETTINGS, redis_client=client)
+    store.record([watch("a", 0.5, 1_000)])
+
+    assert 89 * 86_400 < client.ttl(HISTORY + "u1") <= 90 * 86_400
+    client.close()
+
+
+@pytest.mark.redis
+def test_the_factory_opens_the_configured_backend(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert isinstance(open_activity(Settings()), MemoryActivity)
+        assert isinstance(open_activity(REDIS_SETTINGS, redis_client=client), RedisActivity)
+        with pytest.raises(ConfigurationError, match="stores.backend"):
+            open_activity(REDIS_SETTINGS)
+    finally:
+        client.close()
+
+
+@pytest.mark.redis
+def test_redis_down_is_store_unavailable() -> None:
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    store = open_activity(REDIS_SETTINGS, redis_client=client)
+    calls: list[Callable[[], object]] = [
+        lambda: store.record([make_event()]),
+        lambda: store.history("u1"),
+        lambda: store.histories(["u1"]),
+        lambda: store.video_stats(["v1"]),
+    ]
+    for call in calls:
+        with pytest.raises(StoreUnavailable) as caught:
+            call()
+        assert isinstance(caught.value.__cause__, redis.ConnectionError)
+    client.close()
