@@ -1,0 +1,502 @@
+"""Sparse table in Redis: binary float32 rows, pipelined in chunks.
+
+Layout (prefixes from :func:`feature_store.constants.sparse_prefix`, so every
+key is namespaced by model family and table)::
+
+    {root}:sp:{model}:{table}:w:<8 bytes key, big-endian>   weights, dim little-endian float32
+    {root}:sp:{model}:{table}:s:<8 bytes key, big-endian>   optimizer state, state_width float32
+    {root}:sp:{model}:{table}:c:<8 bytes key, big-endian>   sightings of a key not yet admitted
+
+Weights and state are separate keys so that serving ``MGET``s weights only.
+Both carry the row's TTL (``SET ... PX ttl``), refreshed by every push, so a
+row not updated for ``ttl_s`` disappears with its state and Redis does the
+expiring; counters carry the same TTL.
+
+Round trips, for each chunk of ``batch_chunk`` keys (never one per key):
+
+- ``pull``: one ``MGET`` of weights. A training pull that finds missing keys
+  adds, for those keys only, one round trip of ``INCR`` + ``PEXPIRE`` on
+  their counters (skipped when ``admission_threshold`` is 1), and one
+  ``MULTI``/``EXEC`` writing the admitted rows with ``SET ... NX PX`` so that
+  a row another trainer just created is never reset to its initial value.
+- ``push``: one round trip of two ``MGET`` (weights, state), the optimizer in
+  numpy, then one ``MULTI``/``EXEC`` of ``SET ... PX`` for both. Keys whose
+  weights or state are missing (not admitted, or expired) drop their
+  gradient, as the contract says.
+
+Concurrency: last writer wins. Two trainers pushing the same key at once
+both read the row, both compute an update, and the ``EXEC`` that runs second
+overwrites the first; that one update to that key is lost (asynchronous SGD
+tolerates it, and the alternative, ``WATCH`` and retry, would serialize every
+hot key). Because each writer's ``SET``\\ s of weights and state for a whole
+chunk run inside one ``MULTI``/``EXEC``, which Redis executes without
+interleaving other clients' commands, a row's weights and state always come
+from the same writer and the same update, never a mix of two. One rare
+seam remains: a row whose weights and state expire in different
+milliseconds is read as missing by a push (its gradient dropped) and may be
+re-admitted with a fresh state beside the surviving weights.
+
+Commands are packed by numpy rather than by redis-py: every key of a table
+has the same length and every row the same byte size, so a chunk's ``MGET``
+or ``SET`` commands are fixed-width records assembled in a few vectorized
+copies and sent with the client's own connection (``send_packed_command``,
+``read_response``). Packing 8,192 ``SET`` commands through redis-py's
+pipeline costs more than the network and Redis together.
+
+The client is the caller's: the table borrows connections from its pool and
+closes it only if it was handed ``owns_client=True`` (see
+:func:`feature_store.sparse.factory.connect_redis`). Redis Cluster is not
+supported (a chunk's keys span slots). Every redis-py error, including
+connection refused and timeouts, surfaces as ``SparseTableUnavailable``; the
+connection it happened on is dropped so no half-read reply is reused.
+
+``stats`` counts rows with ``SCAN MATCH`` over the weights prefix, which
+walks the whole keyspace of the database (about a second per 10 million
+keys): meant for a dashboard refreshed every few seconds at most, not for a
+hot path. ``admissions`` counts rows this object created; ``expirations`` is
+0 because Redis expires keys itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import redis
+from redis.connection import AbstractConnection
+
+from feature_store.constants import (
+    SPARSE_SIGHTINGS,
+    SPARSE_STATE,
+    SPARSE_WEIGHTS,
+    sparse_prefix,
+)
+from feature_store.errors import ConfigurationError, InvalidInput, SparseTableUnavailable
+from feature_store.settings import SparseSettings
+from feature_store.sparse.base import Keys, Rows, TableSpec, TableStats
+from feature_store.sparse.initializers import Initializer
+from feature_store.sparse.optimizers import as_grads, as_keys, make_optimizer
+from feature_store.sparse.snapshot import SnapshotData, read_snapshot, write_snapshot
+
+_CRLF = b"\r\n"
+
+
+def _records(n: int, parts: Sequence[bytes | np.ndarray]) -> bytes:
+    """``n`` fixed-width records, each the concatenation of ``parts``.
+
+    A ``bytes`` part is the same in every record; an array part is ``(n,
+    width)`` uint8, one row per record.
+    """
+    widths = [len(p) if isinstance(p, bytes) else p.shape[1] for p in parts]
+    out = np.empty((n, sum(widths)), dtype=np.uint8)
+    col = 0
+    for part, width in zip(parts, widths, strict=True):
+        out[:, col : col + width] = np.frombuffer(part, np.uint8) if isinstance(part, bytes) else part
+        col += width
+    return out.tobytes()
+
+
+def _key_bytes(keys: Keys) -> np.ndarray:
+    """``(n, 8)`` uint8: each key big-endian (so a prefix scan lists keys in order)."""
+    return keys.astype(">u8").view(np.uint8).reshape(len(keys), 8)
+
+
+def _row_bytes(rows: Rows) -> np.ndarray:
+    """``(n, 4 * width)`` uint8 view of little-endian float32 rows."""
+    rows = np.ascontiguousarray(rows, dtype="<f4")
+    return rows.view(np.uint8).reshape(len(rows), -1)
+
+
+def _glob_escape(prefix: bytes) -> bytes:
+    for char in (b"\\", b"*", b"?", b"[", b"]"):
+        prefix = prefix.replace(char, b"\\" + char)
+    return prefix
+
+
+class _Kind:
+    """Command builders for the keys of one prefix (weights, state or counters)."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.prefix = prefix
+        self.key_len = len(prefix) + 8
+        self._key_head = b"$%d\r\n" % self.key_len + prefix
+        self.pattern = _glob_escape(prefix) + b"*"
+
+    def mget(self, kb: np.ndarray) -> bytes:
+        n = len(kb)
+        return b"*%d\r\n$4\r\nMGET\r\n" % (n + 1) + _records(n, (self._key_head, kb, _CRLF))
+
+    def set(self, kb: np.ndarray, values: np.ndarray, ttl_ms: int, nx: bool = False) -> bytes:
+        """``SET key value PX ttl [NX]`` for each row of ``kb``/``values``."""
+        head = b"*6\r\n$3\r\nSET\r\n" if nx else b"*5\r\n$3\r\nSET\r\n"
+        ttl = b"%d" % ttl_ms
+        tail = b"\r\n$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
+        if nx:
+            tail += b"$2\r\nNX\r\n"
+        value_head = b"\r\n$%d\r\n" % values.shape[1]
+        return _records(len(kb), (head + self._key_head, kb, value_head, values, tail))
+
+    def incr_pexpire(self, kb: np.ndarray, ttl_ms: int) -> bytes:
+        ttl = b"%d" % ttl_ms
+        incr_tail = b"\r\n"
+        expire_head = b"*3\r\n$7\r\nPEXPIRE\r\n" + self._key_head
+        expire_tail = b"\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
+        return _records(
+            len(kb),
+            (b"*2\r\n$4\r\nINCR\r\n" + self._key_head, kb, incr_tail, expire_head, kb, expire_tail),
+        )
+
+    def simple(self, command: bytes, kb: np.ndarray) -> bytes:
+        """``COMMAND key`` for each key (PTTL, DEL...)."""
+        head = b"*2\r\n$%d\r\n%s\r\n" % (len(command), command) + self._key_head
+        return _records(len(kb), (head, kb, _CRLF))
+
+
+class RedisSparseTable:
+    """A :class:`~feature_store.sparse.base.SparseTable` stored in Redis (see module doc)."""
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        settings: SparseSettings,
+        client: redis.Redis,
+        *,
+        chunk: int = 8192,
+        owns_client: bool = False,
+    ) -> None:
+        if not isinstance(client, redis.Redis):
+            raise ConfigurationError(
+                f"RedisSparseTable needs a redis.Redis client, got {type(client).__name__} "
+                "(Redis Cluster is not supported by the sparse tables)"
+            )
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise ConfigurationError("the sparse tables need a client with decode_responses=False")
+        if chunk < 1:
+            raise ConfigurationError(f"chunk must be at least 1, got {chunk}")
+        self.spec = spec
+        self.model = settings.model_name
+        self.optimizer = make_optimizer(spec.optimizer, settings)
+        self.state_width = self.optimizer.state_width(spec.dim)
+        self._initializer = Initializer(
+            spec.name, spec.dim, settings.init_scale, self.optimizer.zero_init
+        )
+        self._threshold = settings.admission_threshold
+        self._ttl_s = settings.ttl_s
+        self._ttl_ms = max(1, round(settings.ttl_s * 1000))
+        self._client = client
+        self._owns_client = owns_client
+        self._chunk = chunk
+        self._w = _Kind(sparse_prefix(self.model, spec.name, SPARSE_WEIGHTS))
+        self._s = _Kind(sparse_prefix(self.model, spec.name, SPARSE_STATE))
+        self._c = _Kind(sparse_prefix(self.model, spec.name, SPARSE_SIGHTINGS))
+        self._w_bytes = 4 * spec.dim
+        self._s_bytes = 4 * self.state_width
+        self._admissions = 0
+
+    # --- plumbing -----------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[AbstractConnection]:
+        """A pooled connection; redis-py errors become ``SparseTableUnavailable``."""
+        pool = self._client.connection_pool
+        try:
+            conn = pool.get_connection()
+        except (redis.RedisError, OSError) as exc:
+            raise SparseTableUnavailable(
+                f"sparse table {self.spec.name!r}: Redis unreachable: {exc}"
+            ) from exc
+        try:
+            yield conn
+        except (redis.RedisError, OSError) as exc:
+            conn.disconnect()
+            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
+        except BaseException:
+            conn.disconnect()  # its reply stream may be out of step with its commands
+            raise
+        finally:
+            pool.release(conn)
+
+    @staticmethod
+    def _replies(conn: AbstractConnection, count: int) -> list[object]:
+        read = conn.read_response
+        return [read(disable_decoding=True) for _ in range(count)]
+
+    def _transaction(self, conn: AbstractConnection, body: bytes, commands: int) -> list[object]:
+        """Run ``commands`` packed commands inside MULTI/EXEC; the EXEC reply, checked."""
+        conn.send_packed_command([b"*1\r\n$5\r\nMULTI\r\n", body, b"*1\r\n$4\r\nEXEC\r\n"])
+        errors = []
+        for _ in range(commands + 1):  # +OK for MULTI, +QUEUED for each command
+            try:
+                conn.read_response(disable_decoding=True)
+            except redis.ResponseError as exc:
+                errors.append(exc)  # keep reading: the stream must stay in step
+        result = conn.read_response(disable_decoding=True)  # EXEC (raises EXECABORT if queued errors)
+        if errors:
+            raise errors[0]
+        if not isinstance(result, list):
+            raise redis.ResponseError(f"EXEC answered {result!r}")
+        for item in result:
+            if isinstance(item, Exception):
+                raise item
+        return result
+
+    def _decode(self, values: list[object], width_bytes: int, kind: _Kind) -> tuple[Rows, np.ndarray]:
+        """Rows ``(n, width)`` from an MGET reply (zeros where missing) and the present mask."""
+        n = len(values)
+        width = width_bytes // 4
+        present = np.fromiter(map(bool, values), dtype=bool, count=n)
+        joined = b"".join(filter(None, values))  # type: ignore[arg-type]
+        count = int(present.sum())
+        if len(joined) != count * width_bytes:
+            raise SparseTableUnavailable(
+                f"sparse table {self.spec.name!r}: a value under {kind.prefix!r} is not "
+                f"{width_bytes} bytes (another writer with another dim or optimizer?)"
+            )
+        found = np.frombuffer(joined, dtype="<f4").reshape(count, width)
+        if count == n:
+            return found.astype(np.float32), present
+        rows = np.zeros((n, width), dtype=np.float32)
+        rows[present] = found
+        return rows, present
+
+    def _chunks(self, n: int) -> Iterator[slice]:
+        for start in range(0, n, self._chunk):
+            yield slice(start, min(n, start + self._chunk))
+
+    # --- SparseTable --------------------------------------------------
+
+    def pull(self, keys: Keys, *, train: bool = False) -> Rows:
+        keys = as_keys(keys)
+        out = np.empty((len(keys), self.spec.dim), dtype=np.float32)
+        with self._connection() as conn:
+            for part in self._chunks(len(keys)):
+                kb = _key_bytes(keys[part])
+                conn.send_packed_command([self._w.mget(kb)])
+                rows, present = self._decode(
+                    conn.read_response(disable_decoding=True), self._w_bytes, self._w
+                )
+                if train and not present.all():
+                    missing = np.flatnonzero(~present)
+                    rows[missing] = self._sight(conn, keys[part][missing], kb[missing])
+                out[part] = rows
+        return out
+
+    def _sight(self, conn: AbstractConnection, keys: Keys, kb: np.ndarray) -> Rows:
+        """Count sightings of missing keys, admit those at the threshold; their rows."""
+        rows = np.zeros((len(keys), self.spec.dim), dtype=np.float32)
+        if self._threshold > 1:
+            conn.send_packed_command([self._c.incr_pexpire(kb, self._ttl_ms)])
+            counts = self._replies(conn, 2 * len(keys))[0::2]
+            admit = np.fromiter(counts, dtype=np.int64, count=len(keys)) >= self._threshold
+        else:
+            admit = np.ones(len(keys), dtype=bool)
+        if not admit.any():
+            return rows
+        new_keys, new_kb = keys[admit], kb[admit]
+        weights = self._initializer(new_keys)
+        state = self.optimizer.initial_state(len(new_keys), self.spec.dim)
+        body = [
+            self._w.set(new_kb, _row_bytes(weights), self._ttl_ms, nx=True),
+            self._s.set(new_kb, _row_bytes(state), self._ttl_ms, nx=True),
+        ]
+        commands = 2 * len(new_keys)
+        if self._threshold > 1:
+            body.append(self._c.simple(b"DEL", new_kb))
+            commands += len(new_keys)
+        result = self._transaction(conn, b"".join(body), commands)
+        created = np.fromiter((r is not None for r in result[: len(new_keys)]), bool, len(new_keys))
+        self._admissions += int(created.sum())
+        if not created.all():
+            # Another trainer created these rows a moment ago: return what it stored.
+            lost = np.flatnonzero(~created)
+            conn.send_packed_command([self._w.mget(new_kb[lost])])
+            theirs, there = self._decode(
+                conn.read_response(disable_decoding=True), self._w_bytes, self._w
+            )
+            weights[lost[there]] = theirs[there]
+        rows[admit] = weights
+        return rows
+
+    def push(self, keys: Keys, grads: Rows) -> None:
+        keys = as_keys(keys)
+        grads = as_grads(grads, len(keys), self.spec.dim)
+        with self._connection() as conn:
+            for part in self._chunks(len(keys)):
+                self._push_chunk(conn, _key_bytes(keys[part]), grads[part])
+
+    def _push_chunk(self, conn: AbstractConnection, kb: np.ndarray, grads: Rows) -> None:
+        conn.send_packed_command([self._w.mget(kb), self._s.mget(kb)])
+        weights, w_present = self._decode(
+            conn.read_response(disable_decoding=True), self._w_bytes, self._w
+        )
+        state, s_present = self._decode(
+            conn.read_response(disable_decoding=True), self._s_bytes, self._s
+        )
+        present = w_present & s_present
+        if not present.all():  # not admitted or expired: the gradient is dropped
+            kb, weights, state, grads = kb[present], weights[present], state[present], grads[present]
+        if not len(kb):
+            return
+        weights, state = self.optimizer.apply(weights, state, grads)
+        body = self._w.set(kb, _row_bytes(weights), self._ttl_ms) + self._s.set(
+            kb, _row_bytes(state), self._ttl_ms
+        )
+        self._transaction(conn, body, 2 * len(kb))
+
+    def expire(self, now_s: float | None = None) -> int:
+        """Nothing to do: Redis expires rows itself (``PX`` on every write)."""
+        return 0
+
+    def _scan(self, kind: _Kind) -> Iterator[list[bytes]]:
+        """Batches of the names of ``kind``'s keys (SCAN; a key may come twice)."""
+        cursor = 0
+        while True:
+            cursor, names = self._client.scan(cursor, match=kind.pattern, count=self._chunk)
+            if names:
+                yield names
+            if cursor == 0:
+                return
+
+    def stats(self) -> TableStats:
+        try:
+            names: set[bytes] = set()
+            for batch in self._scan(self._w):
+                names.update(batch)
+        except (redis.RedisError, OSError) as exc:
+            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
+        rows = len(names)
+        return TableStats(
+            rows=rows,
+            admissions=self._admissions,
+            expirations=0,
+            bytes=rows * (self._w_bytes + self._s_bytes),
+        )
+
+    def export(self) -> SnapshotData:
+        """Every row with its state and update time (from its remaining TTL), via SCAN."""
+        key_parts, weight_parts, state_parts, updated_parts = [], [], [], []
+        seen: set[bytes] = set()
+        try:
+            with self._connection() as conn:
+                for names in self._scan(self._w):
+                    fresh = [
+                        n for n in names if len(n) == self._w.key_len and n not in seen
+                    ]
+                    seen.update(fresh)
+                    if not fresh:
+                        continue
+                    keys = np.frombuffer(b"".join(n[-8:] for n in fresh), dtype=">u8")
+                    kb = _key_bytes(keys.astype(np.uint64))
+                    conn.send_packed_command(
+                        [self._w.mget(kb), self._s.mget(kb), self._w.simple(b"PTTL", kb)]
+                    )
+                    weights, w_ok = self._decode(
+                        conn.read_response(disable_decoding=True), self._w_bytes, self._w
+                    )
+                    state, s_ok = self._decode(
+                        conn.read_response(disable_decoding=True), self._s_bytes, self._s
+                    )
+                    pttl = np.array(self._replies(conn, len(fresh)), dtype=np.float64)
+                    now = time.time()
+                    ok = w_ok & s_ok & (pttl != -2)
+                    remaining_s = np.where(pttl >= 0, pttl / 1000.0, self._ttl_s)
+                    key_parts.append(keys.astype(np.uint64)[ok])
+                    weight_parts.append(weights[ok])
+                    state_parts.append(state[ok])
+                    updated_parts.append((now - (self._ttl_s - remaining_s))[ok])
+        except (redis.RedisError, OSError) as exc:
+            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
+        if not key_parts:
+            return SnapshotData(
+                self.spec,
+                np.zeros(0, np.uint64),
+                np.zeros((0, self.spec.dim), np.float32),
+                np.zeros((0, self.state_width), np.float32),
+                np.zeros(0, np.float64),
+            )
+        keys = np.concatenate(key_parts)
+        order = np.argsort(keys)
+        return SnapshotData(
+            self.spec,
+            keys[order],
+            np.concatenate(weight_parts)[order],
+            np.concatenate(state_parts)[order],
+            np.concatenate(updated_parts)[order],
+        )
+
+    def snapshot(self, directory: Path) -> None:
+        write_snapshot(directory, self.export())
+
+    def restore(self, directory: Path) -> int:
+        return self.load(read_snapshot(directory, self.spec, self.state_width))
+
+    def load(self, data: SnapshotData) -> int:
+        """Replace the table's rows with ``data``; each row keeps its remaining TTL."""
+        if data.state.shape[1] != self.state_width:
+            raise InvalidInput("snapshot.state", f"width {data.state.shape[1]}, want {self.state_width}")
+        self.clear()
+        data = data.live(time.time(), self._ttl_s)
+        remaining_ms = np.maximum(
+            1, np.round((data.updated_at + self._ttl_s - time.time()) * 1000)
+        ).astype(np.int64)
+        try:
+            for part in self._chunks(len(data.keys)):
+                pipe = self._client.pipeline(transaction=False)
+                kb = _key_bytes(data.keys[part])
+                w_names = [self._w.prefix + k for k in _split8(kb)]
+                s_names = [self._s.prefix + k for k in _split8(kb)]
+                for w_name, s_name, w, s, ttl in zip(
+                    w_names,
+                    s_names,
+                    _split_rows(data.weights[part]),
+                    _split_rows(data.state[part]),
+                    remaining_ms[part].tolist(),
+                    strict=True,
+                ):
+                    pipe.set(w_name, w, px=ttl)
+                    pipe.set(s_name, s, px=ttl)
+                pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
+        return len(data.keys)
+
+    def clear(self) -> None:
+        try:
+            for kind in (self._w, self._s, self._c):
+                for names in self._scan(kind):
+                    self._client.unlink(*names)
+        except (redis.RedisError, OSError) as exc:
+            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the client if this table owns it; a borrowed client stays open."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RedisSparseTable:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisSparseTable({self.model!r}/{self.spec.name!r}, dim={self.spec.dim})"
+
+
+def _split8(kb: np.ndarray) -> list[bytes]:
+    raw = kb.tobytes()
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
+
+
+def _split_rows(rows: Rows) -> list[bytes]:
+    raw = _row_bytes(rows)
+    return [row.tobytes() for row in raw]
