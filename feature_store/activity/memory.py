@@ -58,11 +58,11 @@ def write_snapshot(
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             for user_id, history in histories:
-                line = {"user_id": user_id, "history": encode_entries(history)}
-                out.write(json.dumps(line, separators=(",", ":")) + "\n")
+                user = {"user_id": user_id, "history": encode_entries(history)}
+                out.write(json.dumps(user, separators=(",", ":")) + "\n")
             for video_id, counters in stats:
-                line = {"video_id": video_id, "stats": counters.model_dump()}
-                out.write(json.dumps(line, separators=(",", ":")) + "\n")
+                video = {"video_id": video_id, "stats": counters.model_dump()}
+                out.write(json.dumps(video, separators=(",", ":")) + "\n")
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, directory / SNAPSHOT_FILE)

@@ -231,7 +231,8 @@ class RedisActivity:
             if isinstance(value, VideoStats):
                 kept_videos.add(key)
                 pipe.delete(VIDEO_STATS + key)
-                pipe.hset(VIDEO_STATS + key, mapping=value.model_dump())
+                counters: dict[Any, int] = value.model_dump()
+                pipe.hset(VIDEO_STATS + key, mapping=counters)
             else:
                 kept_users.add(key)
                 self._queue_history(pipe, key, value[:length])

@@ -122,9 +122,7 @@ def apply_delta(stats: VideoStats, delta: StatsDelta) -> VideoStats:
     return stats.model_copy(update=update)
 
 
-def history_ratio(
-    event: Event, durations_ms: Mapping[str, int], threshold: float
-) -> float | None:
+def history_ratio(event: Event, durations_ms: Mapping[str, int], threshold: float) -> float | None:
     """The ratio with which ``event`` enters its user's history, or None if it does not."""
     if event.type in _FULL_TYPES:
         return 1.0

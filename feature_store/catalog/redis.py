@@ -52,7 +52,7 @@ def store_errors(operation: str) -> Iterator[None]:
         raise StoreUnavailable(f"{operation} failed: {exc}") from exc
 
 
-def _text(value: bytes | str) -> str:
+def _text(value: Any) -> str:
     """Member names come back as bytes unless the client decodes responses."""
     return value.decode() if isinstance(value, bytes) else value
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,24 @@ def test_counters_by_event_type(store: ActivityStore) -> None:
         )
     ]
     assert store.video_stats(["v1"])[0].engagements == 5
+
+
+def test_counters_stay_exact_under_concurrent_writers(store: ActivityStore) -> None:
+    """Several trainers count the same video at once (per-user ownership does not cover it)."""
+
+    def writer(n: int) -> None:
+        for batch in range(20):
+            store.record([make_event(user_id=f"u{n}", type="impression") for _ in range(10)])
+            store.record([make_event(user_id=f"u{n}", video_id=f"w{n}-{batch}")])
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert store.video_stats(["v1"])[0].impressions == 4 * 20 * 10
+    assert [len(h) for h in store.histories([f"u{n}" for n in range(4)])] == [20] * 4
 
 
 def test_unknown_users_and_videos_read_as_empty(store: ActivityStore) -> None:

@@ -24,7 +24,6 @@ from tests.factories import make_video
 from tests.services import free_port
 
 REDIS_SETTINGS = Settings(stores={"backend": "redis"})  # type: ignore[arg-type]
-SETTINGS = {"memory": Settings(), "redis": REDIS_SETTINGS}
 BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
 
 OpenCatalog = Callable[[str], CatalogStore]
@@ -36,12 +35,16 @@ def open_store(request: pytest.FixtureRequest) -> Iterator[OpenCatalog]:
     clients: list[redis.Redis] = []
     stores: list[CatalogStore] = []
 
-    def _open(backend: str) -> CatalogStore:
+    def _open(backend: str, batch_chunk: int = 8192) -> CatalogStore:
         client = None
         if backend == "redis":
             client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
             clients.append(client)
-        store = open_catalog(SETTINGS[backend], redis_client=client)
+        settings = Settings(
+            stores={"backend": backend},  # type: ignore[arg-type]
+            redis={"batch_chunk": batch_chunk},  # type: ignore[arg-type]
+        )
+        store = open_catalog(settings, redis_client=client)
         stores.append(store)
         return store
 
@@ -117,6 +120,24 @@ def test_hidden_videos_leave_recent_but_stay_readable(catalog: CatalogStore) -> 
     assert catalog.set_hidden(b.video_id, False) == b
     assert catalog.set_hidden(born_hidden.video_id, False).hidden is False
     assert ids(catalog.recent(10)) == [born_hidden.video_id, b.video_id, a.video_id]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_larger_than_one_redis_chunk(
+    backend: str, open_store: OpenCatalog, tmp_path: Path
+) -> None:
+    """A request over ``redis.batch_chunk`` keys spans several commands, all answered."""
+    store = open_store(backend, batch_chunk=64)
+    videos = [make_video(hidden=i % 3 == 0) for i in range(150)]
+    store.upsert(videos)
+    wanted = [v.video_id for v in videos] + ["nope"]
+
+    assert store.get_many(wanted) == [*videos, None]
+    assert store.count() == 150
+    assert sorted(ids(list(store.iter_all()))) == sorted(wanted[:-1])
+    store.snapshot(tmp_path)
+    assert store.restore(tmp_path) == 150
+    assert ids(store.recent(200)) == [v.video_id for v in reversed(videos) if not v.hidden]
 
 
 def test_hiding_an_unknown_video_is_not_found(catalog: CatalogStore) -> None:
