@@ -56,3 +56,13 @@ def control_topic(namespace: str) -> str:
 DLQ_REASON_HEADER = "vidrec-dlq-reason"
 DLQ_SOURCE_HEADER = "vidrec-dlq-source"
 """``topic:partition:offset`` of the record that was dead-lettered."""
+
+# --- candidate signals (feature_store.signals) ---------------------------
+TRENDING = f"{REDIS_ROOT}:sig:trend"
+"""Sorted set of video ids scored by forward-decayed engagement (see signals.base)."""
+TRENDING_LANDMARK = f"{REDIS_ROOT}:sig:trend:landmark"
+"""Event time (ms) that the trending scores' exponent is measured from."""
+COVISIT = f"{REDIS_ROOT}:sig:covis:"
+"""Sorted set of a video's co-visited neighbours: ``{COVISIT}{video_id}``."""
+CREATOR_VIDEOS = f"{REDIS_ROOT}:sig:creator:"
+"""Sorted set of a creator's visible uploads by ``uploaded_at``: ``{CREATOR_VIDEOS}{creator_id}``."""

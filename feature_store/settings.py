@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.errors import ConfigurationError
@@ -123,6 +123,126 @@ class FeatureSettings(_Section):
     """Watch ratio from which a play counts as watched in the history."""
 
 
+DEVELOPMENT_API_KEY = "vidrec-dev-key"
+"""Default write and admin key, accepted only with ``environment="development"``."""
+
+
+class ApiSettings(_Section):
+    """The HTTP recommendation service (``app``) and its candidate signals."""
+
+    api_key: SecretStr = SecretStr(DEVELOPMENT_API_KEY)
+    """Key for writes (``POST /v1/events``, ``PUT /v1/videos``): ``X-API-Key`` or Bearer."""
+    admin_key: SecretStr = SecretStr(DEVELOPMENT_API_KEY)
+    """Key for admin calls (hide/unhide videos); also accepted for writes."""
+    read_key: SecretStr | None = None
+    """When set, reads (recommend, GET video, status) need this key (or a write/admin one)."""
+    max_body_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    """Largest request body accepted, in bytes; larger bodies get 413 before parsing."""
+    max_events_per_batch: int = Field(1000, ge=1, le=100_000)
+    """Most events in one ``POST /v1/events``; more is a 413."""
+    max_videos_per_batch: int = Field(1000, ge=1, le=100_000)
+    """Most videos in one ``PUT /v1/videos``; more is a 413."""
+    max_candidates: int = Field(500, ge=1, le=10_000)
+    """Cap on the candidates scored per request (given or retrieved)."""
+    max_count: int = Field(500, ge=1, le=10_000)
+    """Largest ``count`` a caller may ask for."""
+    default_count: int = Field(20, ge=1)
+    """Items returned when the request names no ``count``."""
+    source_limit: int = Field(200, ge=1)
+    """Candidates taken from each retrieval source before the union is capped."""
+    fresh_window_s: float = Field(7 * 24 * 3600, gt=0)
+    """Fresh-upload candidates are videos uploaded within this many seconds."""
+    model_poll_interval_s: float = Field(1.0, gt=0)
+    """How often the service checks the registry's active version (hot swap delay)."""
+    hot_row_cache_ttl_ms: int = Field(0, ge=0, le=2000)
+    """In-process cache of pulled rows; 0 disables. Bounded by the 2 s freshness goal."""
+    onnx_provider: Literal["auto", "cuda", "cpu"] = "auto"
+    """``auto``: CUDA when a GPU is usable, CPU otherwise; the one in use is reported."""
+    intra_op_threads: int = Field(1, ge=0, le=64)
+    """ONNX Runtime threads per run (0: one per core). 1 keeps latency flat under load."""
+    batch_buckets: tuple[int, ...] = (16, 64, 128, 256, 512)
+    """Batch sizes the model is warmed for; a request is padded up to the next one."""
+    fallback_refresh_s: float = Field(2.0, gt=0)
+    """How often the degraded-mode popular list is refreshed while backends are up."""
+    trending_half_life_s: float = Field(3600.0, gt=0)
+    """Half-life of the trending counts' exponential decay, seconds of event time."""
+    covisit_window: int = Field(10, ge=1, le=100)
+    """Recent watches of a user paired with each new watch for co-visitation."""
+    covisit_neighbors: int = Field(100, ge=1, le=10_000)
+    """Neighbours kept per video in the co-visitation lists (strongest first)."""
+    creator_videos: int = Field(50, ge=1, le=10_000)
+    """Newest uploads kept per creator for the creator candidate source."""
+
+    @model_validator(mode="after")
+    def _check_buckets(self) -> ApiSettings:
+        if not self.batch_buckets or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
+            raise ConfigurationError("api.batch_buckets: must be increasing and non-empty")
+        if self.batch_buckets[-1] < self.max_candidates:
+            raise ConfigurationError("api.batch_buckets: the largest must cover max_candidates")
+        return self
+
+
+class TrainerSettings(_Section):
+    """The online trainer (``vidrec train``, or a thread of ``vidrec up``).
+
+    See ``docs/training.md`` for the label policy, the delivery guarantees
+    and how these knobs trade freshness against throughput.
+    """
+
+    group_id: str = Field("vidrec-trainer", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    """Consumer group of the event log; also names the checkpoint directory."""
+    batch_size: int = Field(1024, ge=1, le=1_000_000)
+    """Events per micro-batch (events consumed, not samples produced)."""
+    max_wait_ms: int = Field(200, ge=1, le=60_000)
+    """Longest wait to fill a batch; a partial batch trains after this (ms)."""
+    # --- label policy (see trainer/labels.py) ---
+    positive_watch_ratio: float = Field(0.5, ge=0, le=1)
+    """A play whose watch ratio reaches this is a positive."""
+    short_play_ratio: float = Field(0.1, ge=0, le=1)
+    """A play whose watch ratio is below this is a negative (between: no label)."""
+    join_window_ms: int = Field(60_000, ge=1)
+    """Event time an impression waits for a play of the same (user, video) (ms)."""
+    joiner_max_entries: int = Field(200_000, ge=1)
+    """Pending impressions kept; beyond it the oldest resolve early as negatives."""
+    sample_weights: dict[str, float] = Field(default_factory=dict)
+    """Per event type (``like``, ``skip``, ``impression``...) loss weight; 1 if absent."""
+    # --- exactly-once bookkeeping ---
+    dedupe_window: int = Field(500_000, ge=0)
+    """Most recent event ids remembered; a repeat within them is not trained twice."""
+    audit: bool = False
+    """Debug: write every trained event id to ``<data_dir>/trainer/<group>/audit``."""
+    # --- model ---
+    hidden: tuple[int, ...] = (128, 64)
+    """Widths of the deep part's hidden layers."""
+    dense_learning_rate: float = Field(1e-3, gt=0)
+    """Adam step size of the dense network (the sparse tables own their own)."""
+    seed: int = 0
+    """Seed of the dense network's initial weights."""
+    threads: int = Field(0, ge=0)
+    """torch intra-op threads for training (0: leave torch's default)."""
+    # --- export ---
+    export_every_s: float = Field(60.0, ge=0)
+    """Seconds between exports to the registry (0: never on a timer)."""
+    export_every_batches: int = Field(0, ge=0)
+    """Batches between exports (0: never by count)."""
+    auto_activate: bool = True
+    """Activate each export at once (else an operator activates it)."""
+    registry_keep: int = Field(10, ge=1)
+    """Versions kept by pruning after each export (the active one always stays)."""
+    # --- checkpoints and metrics ---
+    checkpoint_every_s: float = Field(30.0, gt=0)
+    """Seconds between checkpoints; offsets are committed with each one."""
+    checkpoints_kept: int = Field(2, ge=1)
+    metrics_window: int = Field(20_000, ge=100)
+    """Samples in the sliding window of prequential AUC and logloss."""
+    metrics_every_s: float = Field(1.0, gt=0)
+    """Seconds between points of the metrics time series (and heartbeats)."""
+    timeseries_points: int = Field(10_000, ge=10)
+    """Points the metrics time series keeps (memory ring / Redis stream MAXLEN)."""
+    heartbeat_ttl_s: float = Field(15.0, gt=0)
+    """A status heartbeat older than this means the trainer is gone."""
+
+
 class Settings(BaseSettings):
     """Root of the settings tree."""
 
@@ -144,6 +264,8 @@ class Settings(BaseSettings):
     sparse: SparseSettings = SparseSettings()
     stores: StoreSettings = StoreSettings()
     features: FeatureSettings = FeatureSettings()
+    trainer: TrainerSettings = TrainerSettings()
+    api: ApiSettings = ApiSettings()
 
     @model_validator(mode="after")
     def _enforce_production_safety(self) -> Settings:
@@ -153,6 +275,14 @@ class Settings(BaseSettings):
                 "event_log.backend: 'memory' is for the embedded single process; "
                 "production needs 'kafka'"
             )
+        if self.environment == "production":
+            for name in ("api_key", "admin_key"):
+                key = getattr(self.api, name).get_secret_value()
+                if len(key) < 16 or key == DEVELOPMENT_API_KEY:
+                    raise ConfigurationError(
+                        f"api.{name}: production needs a secret of at least 16 characters, "
+                        "not the development default"
+                    )
         return self
 
 

@@ -1,0 +1,56 @@
+"""Opening the candidate signals a process was configured for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import redis
+
+from feature_store.settings import Settings
+from feature_store.signals.base import CandidateSignals, SignalParams
+from feature_store.signals.memory import MemorySignals
+from feature_store.signals.redis import RedisSignals
+
+if TYPE_CHECKING:
+    from feature_store.runtime import Resources
+
+SIGNALS_EXTRA = "signals"
+"""Key of the signals in :attr:`Resources.extras` (the trainer looks it up there)."""
+
+
+def signal_params(settings: Settings) -> SignalParams:
+    api = settings.api
+    return SignalParams(
+        half_life_s=api.trending_half_life_s,
+        window=api.covisit_window,
+        neighbors=api.covisit_neighbors,
+        creator_videos=api.creator_videos,
+    )
+
+
+def open_signals(
+    settings: Settings, redis_client: redis.Redis | None = None
+) -> MemorySignals | RedisSignals:
+    """Redis when the stores are in Redis (and a client is given), else in-process."""
+    if settings.stores.backend == "redis" and redis_client is not None:
+        return RedisSignals(redis_client, signal_params(settings))
+    return MemorySignals(signal_params(settings))
+
+
+def attach_signals(resources: Resources) -> CandidateSignals:
+    """The process's signals, opened once and registered in ``resources.extras``.
+
+    The memory backend restores ``data_dir/signals`` now and snapshots there
+    when ``Resources.close`` closes its extras, so a restart keeps trending and
+    co-visitation. Idempotent: a second call returns the same object.
+    """
+    existing = resources.extras.get(SIGNALS_EXTRA)
+    if existing is not None:
+        return existing  # type: ignore[no-any-return]
+    signals = open_signals(resources.settings, resources.redis_client)
+    if isinstance(signals, MemorySignals):
+        directory = resources.data_dir / "signals"
+        signals.restore(directory)
+        signals.snapshot_dir = directory
+    resources.extras[SIGNALS_EXTRA] = signals
+    return signals

@@ -1,0 +1,168 @@
+"""Candidate signals in Redis, shared by every serving and training process.
+
+Layout (keys in :mod:`feature_store.constants`): one sorted set for trending
+(plus its landmark), one sorted set of partners per video, one sorted set of
+uploads per creator. Writes are pipelined per batch, reads are one pipelined
+round trip. Increments are commutative (``ZINCRBY``), so several trainers may
+record concurrently; the rare rescale of the trending scores runs as a
+``WATCH``/``MULTI`` transaction on the landmark so that it happens once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from feature_store.activity.base import HistoryEntry
+from feature_store.catalog.base import Video
+from feature_store.constants import COVISIT, CREATOR_VIDEOS, TRENDING, TRENDING_LANDMARK
+from feature_store.errors import StoreUnavailable
+from feature_store.events import Event
+from feature_store.signals.base import (
+    RESCALE_EXPONENT,
+    SignalParams,
+    covisit_increments,
+    interleave,
+    trending_increments,
+)
+
+PAIR_TTL_S = 30 * 24 * 3600
+"""Seconds a video's partner list lives after its last update."""
+
+
+@contextmanager
+def signal_errors(operation: str) -> Iterator[None]:
+    """Translate redis-py failures into :class:`StoreUnavailable`."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise StoreUnavailable(f"signals {operation} failed: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisSignals:
+    """:class:`~feature_store.signals.base.CandidateSignals` in Redis (client is the caller's)."""
+
+    def __init__(self, client: redis.Redis, params: SignalParams) -> None:
+        self.client = client
+        self.params = params
+
+    def _landmark(self, first_ts: int) -> int:
+        self.client.set(TRENDING_LANDMARK, first_ts, nx=True)
+        return int(self.client.get(TRENDING_LANDMARK) or first_ts)
+
+    def record(
+        self,
+        events: Sequence[Event],
+        histories: Mapping[str, Sequence[HistoryEntry]] | None = None,
+    ) -> None:
+        if not events:
+            return
+        pairs = covisit_increments(events, histories, self.params.window)
+        with signal_errors("record"):
+            landmark = self._landmark(min(e.ts for e in events))
+            landmark = self._maybe_rescale(landmark, max(e.ts for e in events))
+            pipe = self.client.pipeline(transaction=False)
+            for video, inc in trending_increments(
+                events, landmark, self.params.half_life_s
+            ).items():
+                pipe.zincrby(TRENDING, inc, video)
+            touched: set[str] = set()
+            for (a, b), weight in pairs.items():
+                pipe.zincrby(COVISIT + a, weight, b)
+                touched.add(a)
+            for video in touched:
+                pipe.zremrangebyrank(COVISIT + video, 0, -(self.params.neighbors + 1))
+                pipe.expire(COVISIT + video, PAIR_TTL_S)
+            pipe.execute()
+
+    def _maybe_rescale(self, landmark: int, ts_ms: int) -> int:
+        half_life_ms = self.params.half_life_s * 1000.0
+        exponent = (ts_ms - landmark) / half_life_ms
+        if exponent <= RESCALE_EXPONENT:
+            return landmark
+        shift = int(exponent)
+        new_landmark = landmark + int(shift * half_life_ms)
+        with self.client.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(TRENDING_LANDMARK)
+                if int(pipe.get(TRENDING_LANDMARK) or landmark) != landmark:
+                    pipe.unwatch()
+                    return int(self.client.get(TRENDING_LANDMARK) or landmark)
+                pipe.multi()
+                pipe.zunionstore(TRENDING, {TRENDING: 2.0**-shift})
+                pipe.set(TRENDING_LANDMARK, new_landmark)
+                pipe.execute()
+            except redis.WatchError:
+                return int(self.client.get(TRENDING_LANDMARK) or landmark)
+        return new_landmark
+
+    def index_videos(self, videos: Sequence[Video]) -> None:
+        if not videos:
+            return
+        with signal_errors("index_videos"):
+            pipe = self.client.pipeline(transaction=False)
+            creators: set[str] = set()
+            for video in videos:
+                key = CREATOR_VIDEOS + video.creator_id
+                if video.hidden:
+                    pipe.zrem(key, video.video_id)
+                else:
+                    pipe.zadd(key, {video.video_id: video.uploaded_at})
+                    creators.add(key)
+            for key in creators:
+                pipe.zremrangebyrank(key, 0, -(self.params.creator_videos + 1))
+            pipe.execute()
+
+    def trending(self, limit: int) -> list[tuple[str, float]]:
+        with signal_errors("trending"):
+            rows: list[Any] = self.client.zrevrange(TRENDING, 0, limit - 1, withscores=True)
+        if not rows:
+            return []
+        top = float(rows[0][1]) or 1.0
+        return [(_text(video), float(score) / top) for video, score in rows]
+
+    def covisited(self, video_ids: Sequence[str], limit: int) -> list[tuple[str, float]]:
+        if not video_ids:
+            return []
+        with signal_errors("covisited"):
+            pipe = self.client.pipeline(transaction=False)
+            for video in video_ids:
+                pipe.zrevrange(COVISIT + video, 0, limit - 1, withscores=True)
+            replies = pipe.execute()
+        sums: dict[str, float] = defaultdict(float)
+        for rows in replies:
+            for other, weight in rows:
+                sums[_text(other)] += float(weight)
+        return sorted(sums.items(), key=lambda item: item[1], reverse=True)[:limit]
+
+    def creator_videos(self, creator_ids: Sequence[str], limit: int) -> list[str]:
+        if not creator_ids:
+            return []
+        with signal_errors("creator_videos"):
+            pipe = self.client.pipeline(transaction=False)
+            for creator in creator_ids:
+                pipe.zrevrange(CREATOR_VIDEOS + creator, 0, limit - 1)
+            replies = pipe.execute()
+        return interleave([[_text(v) for v in rows] for rows in replies], limit)
+
+    def ping(self) -> None:
+        with signal_errors("ping"):
+            self.client.ping()
+
+    def snapshot(self, directory: Path) -> None:
+        """Redis persists itself; nothing to write."""
+
+    def restore(self, directory: Path) -> None:
+        """Redis persists itself; nothing to read."""
+
+    def close(self) -> None:
+        """The client is the caller's; nothing to close."""
