@@ -146,7 +146,9 @@ class MemoryActivity:
                 self._stats[video_id] = rules.apply_delta(old_stats, delta)
 
     def history(self, user_id: str, limit: int | None = None) -> list[HistoryEntry]:
-        """Newest first; empty for an unknown user."""
+        """Newest first; empty for an unknown user (and for ``limit <= 0``)."""
+        if limit is not None and limit <= 0:
+            return []
         return list(self._histories.get(user_id, ())[:limit])
 
     def histories(self, user_ids: Sequence[str]) -> list[list[HistoryEntry]]:

@@ -86,6 +86,7 @@ def test_history_is_newest_first(store: ActivityStore) -> None:
         HistoryEntry(video_id="a", watch_ratio=0.5, ts=1_000),
     ]
     assert videos(store.history("u1", limit=2)) == ["c", "b"]
+    assert store.history("u1", limit=0) == []
 
 
 def test_rewatch_moves_to_front_and_keeps_best_ratio(store: ActivityStore) -> None:
