@@ -5,21 +5,22 @@ Layout (prefixes from :mod:`feature_store.constants`):
 - ``{HISTORY}{user_id}``: list, newest first, one compact JSON triple
   ``["video_id", watch_ratio, ts]`` per entry, so a reader can ``LRANGE`` just
   the head. Idle histories expire (``history_ttl_s``, 90 days by default;
-  every write renews it), which bounds the keyspace by active users.
+  each change renews it), which bounds the keyspace by active users.
 - ``{VIDEO_STATS}{video_id}``: hash of the :class:`VideoStats` fields, no
   expiry (lifetime counters).
 
-``record`` is two round trips whatever the batch (up to ``chunk`` users or
-videos per command group): one pipelined ``LRANGE`` of the touched users'
-histories; the merge in Python with :mod:`feature_store.activity.rules`; one
-``MULTI``/``EXEC`` that rewrites each touched history (``DEL`` + ``RPUSH`` +
-``PEXPIRE``, so a reader sees the old list or the new one, never a half) and
-adds each touched video's counters with one small Lua script (``HINCRBY`` per
-counter and a compare-and-set of ``last_ts``, which ``HINCRBY`` cannot
-express). The read-merge-write of a history is not guarded against a
-concurrent writer of the same user: one consumer owns each user's partition
-(see :mod:`feature_store.activity.base`). Counter updates are atomic per video
-and safe from any number of writers.
+``record`` is two round trips whatever the batch size: one pipelined
+``LRANGE`` of the touched users' histories; the merge in Python with
+:mod:`feature_store.activity.rules`; one ``MULTI``/``EXEC`` that rewrites
+each changed history (``DEL`` + ``RPUSH`` + ``EXPIRE``, so a reader sees the
+old list or the new one, never half of one) and adds each touched video's
+counters with one small Lua script (``HINCRBY`` per counter and a
+compare-and-set of ``last_ts``, which ``HINCRBY`` cannot express).
+
+The read-merge-write of a history is not guarded against a concurrent
+writer of the same user: one consumer owns each user's partition (see
+:mod:`feature_store.activity.base`). Counter updates are atomic per video and
+safe from any number of writers.
 """
 
 from __future__ import annotations
@@ -82,9 +83,12 @@ class RedisActivity:
     """Activity store in Redis; see the module docstring for layout and round trips.
 
     ``client``: a redis-py client owned by the caller (not closed by
-    :meth:`close`). ``chunk``: most keys per command group, bounding a reply
-    (``RedisSettings.batch_chunk``). ``history_ttl_s``: idle expiry of a
-    history, ``None`` for none.
+    :meth:`close`). ``chunk`` (``RedisSettings.batch_chunk``): keys per
+    ``SCAN`` page and commands per restore transaction, bounding what one
+    round trip carries when walking the whole keyspace; per-request reads
+    are one command per key and need no chunking. ``history_ttl_s``: idle
+    expiry of a history in seconds, renewed whenever it changes; ``None``
+    for none.
     """
 
     def __init__(
