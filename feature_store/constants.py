@@ -28,7 +28,9 @@ def sparse_prefix(model: str, table: str, kind: str) -> bytes:
 CATALOG_VIDEO = f"{REDIS_ROOT}:cat:video:"
 """JSON of one video: ``{CATALOG_VIDEO}{video_id}``."""
 CATALOG_IDS = f"{REDIS_ROOT}:cat:ids"
-"""Sorted set of video ids scored by ``uploaded_at`` (ms), for fresh uploads."""
+"""Sorted set of visible video ids scored by ``uploaded_at`` (ms), for fresh uploads."""
+CATALOG_HIDDEN = f"{CATALOG_IDS}:hidden"
+"""Sorted set of hidden video ids, same scores; with CATALOG_IDS, every video."""
 
 HISTORY = f"{REDIS_ROOT}:hist:"
 """A user's recent watches, newest first: list at ``{HISTORY}{user_id}``."""

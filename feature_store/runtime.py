@@ -72,12 +72,12 @@ class Resources:
         """Load snapshots written by :meth:`snapshot`, where present."""
         if self.settings.sparse.backend == "memory":
             for name, table in self.tables.items():
-                if (self.data_dir / "sparse" / name).is_dir():
+                if _has_snapshot(self.data_dir / "sparse" / name):
                     table.restore(self.data_dir / "sparse" / name)
         if self.settings.stores.backend == "memory":
-            if (self.data_dir / "catalog").is_dir():
+            if _has_snapshot(self.data_dir / "catalog"):
                 self.catalog.restore(self.data_dir / "catalog")
-            if (self.data_dir / "activity").is_dir():
+            if _has_snapshot(self.data_dir / "activity"):
                 self.activity.restore(self.data_dir / "activity")
 
     def close(self) -> None:
@@ -96,6 +96,11 @@ class Resources:
         self.event_log.close()
         if self.redis_client is not None:
             self.redis_client.close()
+
+
+def _has_snapshot(directory: Path) -> bool:
+    """A snapshot directory with something in it (an empty one is a crash leftover)."""
+    return directory.is_dir() and any(p for p in directory.iterdir() if not p.name.startswith("."))
 
 
 def table_specs(schema: FeatureSchema, settings: Settings) -> list[Any]:

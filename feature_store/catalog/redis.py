@@ -28,10 +28,9 @@ import redis
 
 from feature_store.catalog.base import Video
 from feature_store.catalog.memory import read_snapshot, write_snapshot
-from feature_store.constants import CATALOG_IDS, CATALOG_VIDEO
+from feature_store.constants import CATALOG_HIDDEN, CATALOG_IDS, CATALOG_VIDEO
 from feature_store.errors import NotFound, StoreUnavailable
 
-CATALOG_HIDDEN = f"{CATALOG_IDS}:hidden"
 """Sorted set of hidden video ids scored by ``uploaded_at``.
 
 Derived from ``CATALOG_IDS`` so it follows its layout version; belongs in
