@@ -14,12 +14,22 @@ Shared semantics (the same tests run against each backend):
   topic with the reason and its source position, and consumption carries on
   past it; ``poll`` never raises for bad data.
 - ``seek_to_timestamp`` and ``seek`` move a consumer for replay and retraining.
+- A bad record is dead-lettered each time a consumer meets it (a second
+  group, or a replay, adds another entry), as with a Kafka DLQ topic.
+- Closing a log closes the consumers it made; a closed log or consumer raises
+  :class:`~feature_store.errors.EventLogUnavailable`. Seeking or committing a
+  partition this consumer does not own raises
+  :class:`~feature_store.errors.Conflict` (after a rebalance, the new owner
+  re-reads from the last commit).
+- A consumer object is used from one thread at a time (as a Kafka consumer
+  must be); the log itself may be shared by threads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from feature_store.events import Event
@@ -80,6 +90,16 @@ class EventConsumer(Protocol):
         """Partitions currently assigned to this consumer."""
         ...
 
+    def wait_for_assignment(self, timeout_s: float) -> list[int]:
+        """Join the group if not yet joined, without consuming; the assigned partitions.
+
+        Waits at most ``timeout_s``; an empty list means no partition yet (the
+        join is slow or the group has more members than partitions). Call it
+        before ``seek``/``seek_to_timestamp`` on a fresh consumer, whose group
+        membership a broker grants only after a join round.
+        """
+        ...
+
     def seek(self, positions: Sequence[Position]) -> None:
         """Read next from these offsets."""
         ...
@@ -97,6 +117,15 @@ class EventConsumer(Protocol):
     def close(self) -> None:
         """Leave the group (without committing)."""
         ...
+
+    def __enter__(self) -> EventConsumer: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 @runtime_checkable
@@ -125,4 +154,15 @@ class EventLog(Protocol):
         """Next offset to be written, per partition."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush, then close every consumer this log made and the log itself."""
+        ...
+
+    def __enter__(self) -> EventLog: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

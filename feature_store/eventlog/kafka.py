@@ -1,0 +1,572 @@
+"""The event log on Apache Kafka (or any Kafka-protocol broker), via kafka-python.
+
+Records are keyed by ``user_id`` (the default murmur2 partitioner keeps one
+user in one partition), produced with ``acks="all"`` and confirmed before
+``produce`` returns. Consumers join a group with auto-commit off and commit
+explicitly. Bad records are produced to the dead-letter topic with the
+reason and source in headers, then skipped.
+
+Every kafka-python error is translated at this boundary into
+:class:`~feature_store.errors.EventLogUnavailable` (or
+:class:`~feature_store.errors.Conflict` for a commit the group refused after a
+rebalance), raised ``from`` the original.
+
+Broker quirks handled here (found against Tansu, the test broker; harmless on
+Apache Kafka):
+
+- ``ListOffsets(latest)`` may answer the base offset of the last record batch
+  plus one instead of the high watermark, so a batch of many records looks
+  like one. :meth:`KafkaEventLog._end_offsets` corrects it by fetching from
+  the answer minus one and reading the high watermark of that fetch (one small
+  fetch per call; Kafka answers right and the fetch confirms it).
+- ``offsets_for_times`` may match on the broker's append time at batch
+  granularity and answers "no such record" as offset 0 with timestamp -1.
+  The broker's offset is never later than the right one (a record is appended
+  after it is created), so the consumer seeks there and then skips the
+  leading records whose timestamp is before the target; "none" seeks to the
+  true end. With a producer clock ahead of the broker's the answer may come
+  late; keep clocks in sync.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata
+
+from feature_store.constants import (
+    DLQ_REASON_HEADER,
+    DLQ_SOURCE_HEADER,
+    dead_letter_topic,
+    events_topic,
+)
+from feature_store.errors import Conflict, EventLogUnavailable
+from feature_store.eventlog.base import ConsumedEvent, DeadLetter, Position
+from feature_store.eventlog.codec import BadRecord, RecordDecoder, event_key, source_of
+from feature_store.events import Event, encode_event
+from feature_store.settings import Settings
+
+DEAD_LETTER_PARTITIONS = 1
+"""The dead-letter topic is low-volume; one partition keeps it in arrival order."""
+MAX_DEAD_VALUE_BYTES = 900 * 1024
+"""A dead letter's value is cut to this, under the producer's 1 MiB request limit."""
+
+
+@contextmanager
+def _kafka_errors(action: str) -> Iterator[None]:
+    """Translate kafka-python errors raised while doing ``action``."""
+    try:
+        yield
+    except CommitFailedError as exc:
+        raise Conflict(
+            f"{action}: the group rebalanced and refused the commit; the partition's "
+            f"new owner resumes from the last committed offset ({exc})"
+        ) from exc
+    except KafkaError as exc:
+        raise EventLogUnavailable(f"kafka {action} failed: {exc}") from exc
+
+
+class KafkaEventLog:
+    """Producer, topic setup and consumer factory over one Kafka cluster.
+
+    Construction does no I/O; :meth:`start` (or entering the context)
+    connects, creates missing topics and fails fast with
+    :class:`EventLogUnavailable` when no broker answers within
+    ``kafka.request_timeout_ms``.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = events_topic(settings.event_log.topic_namespace)
+        self.dead_letter_topic = dead_letter_topic(settings.event_log.topic_namespace)
+        self._decoder = RecordDecoder(settings.limits, settings.event_log.max_record_bytes)
+        self._timeout_s = settings.kafka.request_timeout_ms / 1000
+        self._producer: KafkaProducer | None = None
+        self._probe: KafkaConsumer | None = None
+        """Group-less consumer for end offsets; kafka-python clients are not thread-safe."""
+        self._probe_lock = threading.Lock()
+        self._produce_lock = threading.Lock()
+        self._consumers: list[KafkaEventConsumer] = []
+        self._closed = False
+
+    def client_config(self) -> dict[str, Any]:
+        """Connection settings shared by every client this log makes."""
+        kafka = self.settings.kafka
+        return {
+            "bootstrap_servers": kafka.bootstrap_servers.split(","),
+            "client_id": kafka.client_id,
+            "request_timeout_ms": kafka.request_timeout_ms,
+            # Without this an unreachable broker hangs each client for 30 s.
+            "bootstrap_timeout_ms": kafka.request_timeout_ms,
+        }
+
+    # --- lifecycle -------------------------------------------------------
+
+    def start(self) -> KafkaEventLog:
+        """Connect, create the topics if missing, open the producer. Idempotent."""
+        if self._closed:
+            raise EventLogUnavailable("the event log is closed")
+        if self._producer is not None:
+            return self
+        try:
+            with _kafka_errors("start"):
+                self._create_topics()
+                self._probe = KafkaConsumer(
+                    **self.client_config(), enable_auto_commit=False, auto_offset_reset="earliest"
+                )
+                self._producer = KafkaProducer(
+                    **self.client_config(),
+                    acks="all",
+                    linger_ms=self.settings.kafka.linger_ms,
+                    max_block_ms=self.settings.kafka.request_timeout_ms,
+                )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _create_topics(self) -> None:
+        kafka = self.settings.kafka
+        admin = KafkaAdminClient(**self.client_config())
+        try:
+            wanted = [
+                NewTopic(self.topic, kafka.partitions, kafka.replication_factor),
+                NewTopic(self.dead_letter_topic, DEAD_LETTER_PARTITIONS, kafka.replication_factor),
+            ]
+            for topic in wanted:
+                # One request per topic: an "already exists" for one must not
+                # hide the outcome of the other.
+                try:
+                    admin.create_topics([topic], timeout_ms=kafka.request_timeout_ms)
+                except TopicAlreadyExistsError:
+                    pass
+        finally:
+            admin.close()
+
+    def close(self) -> None:
+        """Close consumers, flush and close the producer. Idempotent."""
+        self._closed = True
+        for consumer in list(self._consumers):
+            consumer.close()
+        producer, self._producer = self._producer, None
+        probe, self._probe = self._probe, None
+        try:
+            if producer is not None:
+                with _kafka_errors("close"):
+                    producer.flush(timeout=self._timeout_s)
+        finally:
+            if producer is not None:
+                producer.close(timeout=self._timeout_s)
+            if probe is not None:
+                probe.close(autocommit=False)
+
+    def __enter__(self) -> KafkaEventLog:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _ready_producer(self) -> KafkaProducer:
+        if self._closed:
+            raise EventLogUnavailable("the event log is closed")
+        if self._producer is None:
+            self.start()
+        assert self._producer is not None
+        return self._producer
+
+    # --- producing -------------------------------------------------------
+
+    def produce(self, events: Sequence[Event]) -> None:
+        self._send([(self.topic, event_key(event), encode_event(event), None) for event in events])
+
+    def produce_raw(self, key: bytes | None, value: bytes) -> None:
+        self._send([(self.topic, key, value, None)])
+
+    def _send(
+        self, records: list[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]]
+    ) -> None:
+        """Send and wait for every acknowledgement, so a return means durable."""
+        if not records:
+            return
+        producer = self._ready_producer()
+        with _kafka_errors("produce"):
+            futures = [
+                producer.send(topic, key=key, value=value, headers=headers)
+                for topic, key, value, headers in records
+            ]
+            producer.flush(timeout=self._timeout_s)
+            for future in futures:
+                future.get(timeout=self._timeout_s)
+
+    def _dead_letter(self, letters: list[DeadLetter]) -> None:
+        self._send(
+            [
+                (
+                    self.dead_letter_topic,
+                    letter.key,
+                    letter.value[:MAX_DEAD_VALUE_BYTES],
+                    [
+                        (DLQ_REASON_HEADER, letter.reason.encode()),
+                        (DLQ_SOURCE_HEADER, letter.source.encode()),
+                    ],
+                )
+                for letter in letters
+            ]
+        )
+
+    # --- consuming -------------------------------------------------------
+
+    def consumer(self, group_id: str) -> KafkaEventConsumer:
+        self._ready_producer()
+        consumer = KafkaEventConsumer(self, group_id)
+        self._consumers.append(consumer)
+        return consumer
+
+    def _forget(self, consumer: KafkaEventConsumer) -> None:
+        if consumer in self._consumers:
+            self._consumers.remove(consumer)
+
+    def _partitions(self, topic: str) -> list[TopicPartition]:
+        probe = self._ready_probe()
+        with self._probe_lock, _kafka_errors("metadata"):
+            partitions = probe.partitions_for_topic(topic) or set()
+        return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+    def _ready_probe(self) -> KafkaConsumer:
+        self._ready_producer()
+        assert self._probe is not None
+        return self._probe
+
+    def _end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """True next offsets (see the module docstring for why a fetch confirms them)."""
+        probe = self._ready_probe()
+        with self._probe_lock, _kafka_errors("end offsets"):
+            ends: dict[TopicPartition, int] = dict(
+                probe.end_offsets(list(partitions), timeout_ms=self._timeout_ms)
+            )
+            pending = [tp for tp in partitions if ends.get(tp, 0) > 0]
+            if not pending:
+                return ends
+            probe.assign([])  # fresh partition state: no stale high watermarks
+            probe.assign(pending)
+            for tp in pending:
+                probe.seek(tp, ends[tp] - 1)
+            deadline = time.monotonic() + self._timeout_s
+            while pending and time.monotonic() < deadline:
+                probe.poll(timeout_ms=100)
+                for tp in list(pending):
+                    high = probe.highwater(tp)
+                    if high is not None:
+                        ends[tp] = max(ends[tp], high)
+                        pending.remove(tp)
+            probe.assign([])
+            return ends
+
+    @property
+    def _timeout_ms(self) -> int:
+        return self.settings.kafka.request_timeout_ms
+
+    def _beginning_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        probe = self._ready_probe()
+        with self._probe_lock, _kafka_errors("beginning offsets"):
+            return dict(probe.beginning_offsets(list(partitions), timeout_ms=self._timeout_ms))
+
+    # --- inspection ------------------------------------------------------
+
+    def end_offsets(self) -> dict[int, int]:
+        ends = self._end_offsets(self._partitions(self.topic))
+        return {tp.partition: offset for tp, offset in ends.items()}
+
+    def dead_letter_count(self) -> int:
+        partitions = self._partitions(self.dead_letter_topic)
+        ends = self._end_offsets(partitions)
+        starts = self._beginning_offsets(partitions)
+        return sum(ends[tp] - starts.get(tp, 0) for tp in partitions)
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """Read the dead-letter topic from its start with a group-less consumer."""
+        partitions = self._partitions(self.dead_letter_topic)
+        ends = self._end_offsets(partitions)
+        found: list[tuple[int, int, int, DeadLetter]] = []
+        with _kafka_errors("read dead letters"):
+            reader = KafkaConsumer(
+                **self.client_config(), enable_auto_commit=False, auto_offset_reset="earliest"
+            )
+            try:
+                reader.assign(partitions)
+                reader.seek_to_beginning(*partitions)
+                todo = {tp for tp in partitions if ends.get(tp, 0) > 0}
+                deadline = time.monotonic() + self._timeout_s
+                while todo and time.monotonic() < deadline:
+                    for tp, records in reader.poll(timeout_ms=100).items():
+                        for record in records:
+                            found.append(
+                                (record.timestamp, tp.partition, record.offset, _letter(record))
+                            )
+                    for tp in list(todo):
+                        if reader.position(tp) >= ends[tp] or len(found) >= limit:
+                            todo.discard(tp)
+            finally:
+                reader.close(autocommit=False)
+        found.sort(key=lambda item: item[:3])
+        return [letter for *_, letter in found[:limit]]
+
+
+def _letter(record: Any) -> DeadLetter:
+    headers = {name: value for name, value in (record.headers or [])}
+    return DeadLetter(
+        reason=headers.get(DLQ_REASON_HEADER, b"").decode(errors="replace"),
+        source=headers.get(DLQ_SOURCE_HEADER, b"").decode(errors="replace"),
+        key=record.key,
+        value=record.value or b"",
+    )
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Keeps a consumer's per-partition state in step with group rebalances."""
+
+    def __init__(self, owner: KafkaEventConsumer) -> None:
+        self.owner = owner
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        for tp in revoked:
+            self.owner._floors.pop(tp.partition, None)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        if self.owner._holding and assigned:
+            # wait_for_assignment joins without consuming: paused partitions
+            # are not fetched by the same poll that completed the join.
+            self.owner._consumer.pause(*assigned)
+            self.owner._held.update(assigned)
+
+
+class KafkaEventConsumer:
+    """One member of a Kafka consumer group on the events topic (one thread at a time)."""
+
+    def __init__(self, log: KafkaEventLog, group_id: str) -> None:
+        self._log = log
+        self.group_id = group_id
+        kafka = log.settings.kafka
+        self._floors: dict[int, int] = {}
+        """Per partition, skip leading records older than this (ms): seek_to_timestamp's fix."""
+        self._holding = False
+        self._held: set[TopicPartition] = set()
+        self._closed = False
+        with _kafka_errors("join group"):
+            self._consumer = KafkaConsumer(
+                **log.client_config(),
+                group_id=group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=kafka.session_timeout_ms,
+                heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+                max_poll_interval_ms=kafka.max_poll_interval_ms,
+            )
+            self._consumer.subscribe([log.topic], listener=_Rebalance(self))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EventLogUnavailable(f"consumer of group {self.group_id!r} is closed")
+
+    def _tp(self, partition: int) -> TopicPartition:
+        return TopicPartition(self._log.topic, partition)
+
+    def _assigned(self) -> list[TopicPartition]:
+        return sorted(self._consumer.assignment(), key=lambda tp: tp.partition)
+
+    # --- reading ---------------------------------------------------------
+
+    def poll(self, max_records: int, timeout_s: float) -> list[ConsumedEvent]:
+        self._check_open()
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            with _kafka_errors("poll"):
+                batches = self._consumer.poll(timeout_ms=remaining_ms, max_records=max_records)
+            events, dead = self._decode(batches)
+            if dead:
+                try:
+                    self._log._dead_letter(dead)
+                except BaseException:
+                    # The batch was not handed out: re-read it next time rather
+                    # than let a later commit() skip past it.
+                    self._rewind(batches)
+                    raise
+            if events or remaining_ms == 0:
+                return events
+
+    def _decode(
+        self, batches: dict[Any, list[Any]]
+    ) -> tuple[list[ConsumedEvent], list[DeadLetter]]:
+        events: list[ConsumedEvent] = []
+        dead: list[DeadLetter] = []
+        decoder = self._log._decoder
+        for tp, records in batches.items():
+            floor = self._floors.get(tp.partition)
+            for record in records:
+                if floor is not None:
+                    if record.timestamp < floor:
+                        continue  # before the seek_to_timestamp target
+                    floor = None
+                    self._floors.pop(tp.partition, None)
+                try:
+                    event = decoder.decode(record.value)
+                except BadRecord as bad:
+                    source = source_of(tp.topic, tp.partition, record.offset)
+                    dead.append(DeadLetter(bad.reason, source, record.key, record.value or b""))
+                    continue
+                events.append(ConsumedEvent(event, tp.partition, record.offset, record.timestamp))
+        return events, dead
+
+    def _rewind(self, batches: dict[Any, list[Any]]) -> None:
+        with _kafka_errors("rewind"):
+            for tp, records in batches.items():
+                if records:
+                    self._consumer.seek(tp, records[0].offset)
+
+    # --- positions -------------------------------------------------------
+
+    def _owned(self, partitions: Sequence[int]) -> None:
+        if any(p not in self.assignment() for p in partitions):
+            self.wait_for_assignment(self._join_timeout_s)
+        missing = sorted(set(partitions) - set(self.assignment()))
+        if missing:
+            raise Conflict(
+                f"partitions {missing} are not assigned to this member of {self.group_id!r} "
+                f"(assigned: {self.assignment()})"
+            )
+
+    @property
+    def _join_timeout_s(self) -> float:
+        kafka = self._log.settings.kafka
+        return (kafka.session_timeout_ms + kafka.request_timeout_ms) / 1000
+
+    def commit(self, positions: Sequence[Position] | None = None) -> None:
+        self._check_open()
+        with _kafka_errors("commit"):
+            if positions is None:
+                self._consumer.commit(timeout_ms=self._log._timeout_ms)
+                return
+            self._owned([p.partition for p in positions])
+            self._consumer.commit(
+                {self._tp(p.partition): OffsetAndMetadata(p.offset, "", -1) for p in positions},
+                timeout_ms=self._log._timeout_ms,
+            )
+
+    def committed(self) -> list[Position]:
+        self._check_open()
+        positions = []
+        with _kafka_errors("committed"):
+            for tp in self._assigned():
+                offset = self._consumer.committed(tp, timeout_ms=self._log._timeout_ms)
+                if offset is not None:
+                    positions.append(Position(tp.partition, offset))
+        return positions
+
+    def assignment(self) -> list[int]:
+        self._check_open()
+        return [tp.partition for tp in self._assigned()]
+
+    def wait_for_assignment(self, timeout_s: float) -> list[int]:
+        self._check_open()
+        deadline = time.monotonic() + timeout_s
+        self._holding = True
+        try:
+            while not self._consumer.assignment() and time.monotonic() < deadline:
+                with _kafka_errors("join group"):
+                    stray = self._consumer.poll(timeout_ms=100, max_records=1)
+                self._rewind(stray)  # none expected: assigned partitions start paused
+        finally:
+            self._holding = False
+            if self._held:
+                self._consumer.resume(*self._held)
+                self._held.clear()
+        return self.assignment()
+
+    def seek(self, positions: Sequence[Position]) -> None:
+        self._check_open()
+        self._owned([p.partition for p in positions])
+        ends = self._log._end_offsets([self._tp(p.partition) for p in positions])
+        with _kafka_errors("seek"):
+            for position in positions:
+                tp = self._tp(position.partition)
+                # Clamp as the memory backend does; Kafka would otherwise reset
+                # an out-of-range position to the beginning.
+                self._consumer.seek(tp, min(max(position.offset, 0), ends[tp]))
+                self._floors.pop(position.partition, None)
+
+    def seek_to_timestamp(self, ts_ms: int) -> None:
+        self._check_open()
+        if not self._consumer.assignment():
+            self.wait_for_assignment(self._join_timeout_s)
+        partitions = self._assigned()
+        if not partitions:
+            return
+        with _kafka_errors("offsets for times"):
+            found = self._consumer.offsets_for_times(
+                {tp: ts_ms for tp in partitions}, timeout_ms=self._log._timeout_ms
+            )
+        ends: dict[TopicPartition, int] | None = None
+        with _kafka_errors("seek"):
+            for tp in partitions:
+                hit = found.get(tp)
+                if hit is None or hit.timestamp < 0:  # Tansu's "none": offset 0, ts -1
+                    ends = ends or self._log._end_offsets(partitions)
+                    self._consumer.seek(tp, ends[tp])
+                else:
+                    self._consumer.seek(tp, hit.offset)
+                self._floors[tp.partition] = ts_ms
+
+    def seek_to_beginning(self) -> None:
+        self._check_open()
+        if not self._consumer.assignment():
+            self.wait_for_assignment(self._join_timeout_s)
+        partitions = self._assigned()
+        with _kafka_errors("seek"):
+            if partitions:
+                self._consumer.seek_to_beginning(*partitions)
+        for tp in partitions:
+            self._floors.pop(tp.partition, None)
+
+    def lag(self) -> dict[int, int]:
+        self._check_open()
+        partitions = self._assigned()
+        ends = self._log._end_offsets(partitions)
+        lag: dict[int, int] = {}
+        with _kafka_errors("position"):
+            for tp in partitions:
+                position = self._consumer.position(tp, timeout_ms=self._log._timeout_ms) or 0
+                lag[tp.partition] = max(0, ends[tp] - position)
+        return lag
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._log._forget(self)
+        with _kafka_errors("close consumer"):
+            self._consumer.close(autocommit=False)
+
+    def __enter__(self) -> KafkaEventConsumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

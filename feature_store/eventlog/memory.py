@@ -1,0 +1,498 @@
+"""The in-process event log: the embedded default, shaped like a Kafka topic.
+
+Records are kept as encoded bytes with the time the log stored them, and
+decoded on consume by the same :class:`~feature_store.eventlog.codec.RecordDecoder`
+as the Kafka backend, so poisoned records behave identically. Consumer groups
+split partitions among their live members (range assignment, rebalanced at
+once when a member joins or leaves), commits are manual, and ``poll`` blocks
+on a condition variable until records arrive or the timeout passes.
+
+Given a directory, records go to per-partition segment files and committed
+offsets to a JSON file (see :mod:`feature_store.eventlog.segments`), so a
+restarted process resumes where it was. Without one, everything lives and
+dies with the process (tests, throwaway runs).
+
+One lock guards the whole log: the embedded mode serves one process, where
+the cost of a lock is small next to decoding and training.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from feature_store.constants import events_topic
+from feature_store.errors import Conflict, EventLogUnavailable
+from feature_store.eventlog.base import ConsumedEvent, DeadLetter, Position
+from feature_store.eventlog.codec import (
+    BadRecord,
+    RecordDecoder,
+    event_key,
+    partition_for,
+    source_of,
+)
+from feature_store.eventlog.segments import (
+    DeadLetterFile,
+    PartitionFiles,
+    StoredDeadLetter,
+    StoredRecord,
+    check_meta,
+    read_json,
+    write_json_atomic,
+)
+from feature_store.events import Event, encode_event
+from feature_store.settings import Settings
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Partition:
+    """Records of one partition, oldest first, with their offsets and times.
+
+    Retention trims in chunks of 1/16 of ``retention`` so that dropping the
+    head of the list (a memmove) is amortized: a partition holds between
+    ``retention`` and ``retention * 17/16`` records once full.
+    """
+
+    def __init__(self, retention: int, files: PartitionFiles | None) -> None:
+        self.retention = retention
+        self.files = files
+        self.records: list[StoredRecord] = []
+        self.timestamps: list[int] = []
+        """Log times of ``records``, non-decreasing, for binary search by time."""
+        self.start = 0
+        """Offset of ``records[0]`` (the log start once retention trimmed)."""
+        self.end = 0
+        """Offset the next record gets."""
+
+    def load(self) -> None:
+        if self.files is None:
+            return
+        for record in self.files.load():
+            self.records.append(record)
+            self.timestamps.append(record.ts)
+            self.end = record.offset + 1
+            if len(self.records) >= self.retention + self._chunk:
+                self._trim(persist=False)
+        self.end = self.files.end_offset(self.end)
+        self.start = self.records[0].offset if self.records else self.end
+        if self.records:
+            self._trim(persist=True, force=True)
+
+    @property
+    def _chunk(self) -> int:
+        return max(1, self.retention // 16)
+
+    def append(self, key: bytes | None, value: bytes, now_ms: int) -> StoredRecord:
+        last = self.timestamps[-1] if self.timestamps else 0
+        record = StoredRecord(self.end, max(now_ms, last), key, value)
+        self.records.append(record)
+        self.timestamps.append(record.ts)
+        self.end += 1
+        return record
+
+    def maybe_trim(self) -> None:
+        if len(self.records) >= self.retention + self._chunk:
+            self._trim(persist=True)
+
+    def _trim(self, persist: bool, force: bool = False) -> None:
+        drop = len(self.records) - self.retention
+        if drop <= 0 and not force:
+            return
+        drop = max(drop, 0)
+        del self.records[:drop]
+        del self.timestamps[:drop]
+        self.start = self.records[0].offset if self.records else self.end
+        if persist and self.files is not None:
+            self.files.drop_before(self.start)
+
+    def read(self, offset: int, limit: int) -> list[StoredRecord]:
+        index = max(offset, self.start) - self.start
+        return self.records[index : index + limit]
+
+    def offset_for_time(self, ts_ms: int) -> int:
+        """First offset stored at or after ``ts_ms``; ``end`` when none is."""
+        return self.start + bisect.bisect_left(self.timestamps, ts_ms)
+
+    def clamp(self, offset: int) -> int:
+        return min(max(offset, self.start), self.end)
+
+
+@dataclass
+class _Group:
+    members: list[MemoryEventConsumer] = field(default_factory=list)
+    """Live members in join order (range assignment follows it)."""
+    committed: dict[int, int] = field(default_factory=dict)
+
+
+class MemoryEventLog:
+    """In-process, thread-safe event log; pass ``directory`` to persist it.
+
+    ``settings.event_log.memory_partitions`` partitions; a user's partition is
+    the xxh64 of their ``user_id`` modulo that count, stable across restarts
+    (a changed count is refused on reopen).
+    """
+
+    def __init__(self, settings: Settings, directory: Path | None = None) -> None:
+        config = settings.event_log
+        self.topic = events_topic(config.topic_namespace)
+        self.directory = directory
+        self._decoder = RecordDecoder(settings.limits, config.max_record_bytes)
+        self._retention = config.memory_retention_records
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        """Notified when records arrive, assignments change, or the log closes."""
+        segment_records = max(1, self._retention // 8)
+        self._partitions = [
+            _Partition(
+                self._retention,
+                None
+                if directory is None
+                else PartitionFiles(directory / f"p{index:04d}", segment_records),
+            )
+            for index in range(config.memory_partitions)
+        ]
+        self._groups: dict[str, _Group] = {}
+        self._dead: list[StoredDeadLetter] = []
+        self._dead_file = (
+            None if directory is None else DeadLetterFile(directory / "dead_letters.log")
+        )
+        self._started = False
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------
+
+    def start(self) -> MemoryEventLog:
+        """Load the persisted log, if any. Idempotent."""
+        with self._lock:
+            if self._started:
+                return self
+            if self.directory is not None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                check_meta(self.directory, len(self._partitions))
+                for partition in self._partitions:
+                    partition.load()
+                self._load_offsets()
+                if self._dead_file is not None:
+                    self._dead = self._dead_file.load()[-self._retention :]
+            self._started = True
+            return self
+
+    def _load_offsets(self) -> None:
+        assert self.directory is not None
+        data = read_json(self.directory / "offsets.json")
+        if not isinstance(data, dict):
+            return
+        for group_id, offsets in data.items():
+            group = self._groups.setdefault(group_id, _Group())
+            group.committed = {int(p): int(o) for p, o in offsets.items()}
+
+    def _save_offsets(self) -> None:
+        if self.directory is None:
+            return
+        data = {
+            group_id: {str(p): o for p, o in sorted(group.committed.items())}
+            for group_id, group in self._groups.items()
+            if group.committed
+        }
+        try:
+            write_json_atomic(self.directory / "offsets.json", data)
+        except OSError as exc:
+            raise EventLogUnavailable(f"cannot write committed offsets: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for group in self._groups.values():
+                for member in list(group.members):
+                    member._closed = True
+                group.members.clear()
+            for partition in self._partitions:
+                if partition.files is not None:
+                    partition.files.close()
+            if self._dead_file is not None:
+                self._dead_file.close()
+            self._changed.notify_all()
+
+    def __enter__(self) -> MemoryEventLog:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EventLogUnavailable("the event log is closed")
+        if not self._started:
+            self.start()
+
+    # --- producing -------------------------------------------------------
+
+    def produce(self, events: Sequence[Event]) -> None:
+        self._append([(event_key(event), encode_event(event)) for event in events])
+
+    def produce_raw(self, key: bytes | None, value: bytes) -> None:
+        self._append([(key, value)])
+
+    def _append(self, items: list[tuple[bytes | None, bytes]]) -> None:
+        if not items:
+            return
+        with self._lock:
+            self._check_open()
+            now = _now_ms()
+            written: dict[int, list[StoredRecord]] = {}
+            for key, value in items:
+                index = partition_for(key, len(self._partitions))
+                record = self._partitions[index].append(key, value, now)
+                written.setdefault(index, []).append(record)
+            for index, records in written.items():
+                partition = self._partitions[index]
+                if partition.files is not None:
+                    partition.files.append(records)
+                partition.maybe_trim()
+            self._changed.notify_all()
+
+    # --- consumer groups -------------------------------------------------
+
+    def consumer(self, group_id: str) -> MemoryEventConsumer:
+        with self._lock:
+            self._check_open()
+            member = MemoryEventConsumer(self, group_id)
+            group = self._groups.setdefault(group_id, _Group())
+            group.members.append(member)
+            self._rebalance(group)
+            return member
+
+    def _leave(self, member: MemoryEventConsumer) -> None:
+        with self._lock:
+            group = self._groups.get(member.group_id)
+            if group is not None and member in group.members:
+                group.members.remove(member)
+                self._rebalance(group)
+
+    def _rebalance(self, group: _Group) -> None:
+        """Range assignment: member i of n gets the i-th contiguous run of partitions."""
+        count = len(self._partitions)
+        members = len(group.members)
+        for index, member in enumerate(group.members):
+            first = index * count // members
+            last = (index + 1) * count // members
+            member._assign(range(first, last), group.committed)
+        self._changed.notify_all()
+
+    def _take(
+        self, positions: dict[int, int], max_records: int, rotate: int
+    ) -> list[tuple[int, StoredRecord]]:
+        """Up to ``max_records`` (partition, record) pairs from ``positions``, advancing them.
+
+        Called under the lock. ``rotate`` shifts the starting partition on each
+        call so that one busy partition cannot starve the others.
+        """
+        taken: list[tuple[int, StoredRecord]] = []
+        order = sorted(positions)
+        if order:
+            shift = rotate % len(order)
+            order = order[shift:] + order[:shift]
+        for index in order:
+            partition = self._partitions[index]
+            offset = partition.clamp(positions[index])
+            records = partition.read(offset, max_records - len(taken))
+            taken.extend((index, record) for record in records)
+            positions[index] = records[-1].offset + 1 if records else offset
+            if len(taken) >= max_records:
+                break
+        return taken
+
+    def _dead_letter(self, letters: list[StoredDeadLetter]) -> None:
+        if not letters:
+            return
+        with self._lock:
+            self._dead.extend(letters)
+            if self._dead_file is not None:
+                self._dead_file.append(letters)
+            if len(self._dead) >= self._retention + max(1, self._retention // 16):
+                del self._dead[: len(self._dead) - self._retention]
+                if self._dead_file is not None:
+                    self._dead_file.rewrite(self._dead)
+
+    # --- inspection ------------------------------------------------------
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        with self._lock:
+            return [
+                DeadLetter(reason=d.reason, source=d.source, key=d.key, value=d.value)
+                for d in self._dead[:limit]
+            ]
+
+    def dead_letter_count(self) -> int:
+        with self._lock:
+            return len(self._dead)
+
+    def end_offsets(self) -> dict[int, int]:
+        with self._lock:
+            return {index: partition.end for index, partition in enumerate(self._partitions)}
+
+    def beginning_offsets(self) -> dict[int, int]:
+        """First offset still held, per partition (retention moves it forward)."""
+        with self._lock:
+            return {index: partition.start for index, partition in enumerate(self._partitions)}
+
+
+class MemoryEventConsumer:
+    """A member of a consumer group of :class:`MemoryEventLog`."""
+
+    def __init__(self, log: MemoryEventLog, group_id: str) -> None:
+        self._log = log
+        self.group_id = group_id
+        self._positions: dict[int, int] = {}
+        """Next offset to read, per assigned partition."""
+        self._rotate = 0
+        self._closed = False
+
+    def _assign(self, partitions: range, committed: dict[int, int]) -> None:
+        """New assignment from a rebalance; under the log's lock."""
+        kept = {p: o for p, o in self._positions.items() if p in partitions}
+        for index in partitions:
+            if index not in kept:
+                start = committed.get(index, self._log._partitions[index].start)
+                kept[index] = self._log._partitions[index].clamp(start)
+        self._positions = kept
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EventLogUnavailable(f"consumer of group {self.group_id!r} is closed")
+
+    def poll(self, max_records: int, timeout_s: float) -> list[ConsumedEvent]:
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        log = self._log
+        while True:
+            with log._changed:
+                self._check_open()
+                while True:
+                    records = log._take(self._positions, max_records, self._rotate)
+                    self._rotate += 1
+                    remaining = deadline - time.monotonic()
+                    if records or remaining <= 0:
+                        break
+                    log._changed.wait(remaining)
+                    self._check_open()
+            events, dead = self._decode(records)
+            log._dead_letter(dead)
+            if events or time.monotonic() >= deadline:
+                return events
+
+    def _decode(
+        self, records: list[tuple[int, StoredRecord]]
+    ) -> tuple[list[ConsumedEvent], list[StoredDeadLetter]]:
+        """Valid events, and dead letters for the rest; outside the lock (parsing is the cost)."""
+        events: list[ConsumedEvent] = []
+        dead: list[StoredDeadLetter] = []
+        decoder = self._log._decoder
+        for partition, record in records:
+            try:
+                event = decoder.decode(record.value)
+            except BadRecord as bad:
+                source = source_of(self._log.topic, partition, record.offset)
+                dead.append(StoredDeadLetter(bad.reason, source, record.key, record.value))
+                continue
+            events.append(ConsumedEvent(event, partition, record.offset, record.ts))
+        return events, dead
+
+    def _owned(self, partitions: Sequence[int]) -> None:
+        missing = sorted(set(partitions) - set(self._positions))
+        if missing:
+            raise Conflict(
+                f"partitions {missing} are not assigned to this member of {self.group_id!r} "
+                f"(assigned: {sorted(self._positions)})"
+            )
+
+    def commit(self, positions: Sequence[Position] | None = None) -> None:
+        log = self._log
+        with log._lock:
+            self._check_open()
+            if positions is None:
+                chosen = dict(self._positions)
+            else:
+                self._owned([p.partition for p in positions])
+                chosen = {p.partition: p.offset for p in positions}
+            group = log._groups[self.group_id]
+            group.committed.update(chosen)
+            log._save_offsets()
+
+    def committed(self) -> list[Position]:
+        log = self._log
+        with log._lock:
+            committed = log._groups[self.group_id].committed
+            return [Position(p, committed[p]) for p in sorted(self._positions) if p in committed]
+
+    def assignment(self) -> list[int]:
+        with self._log._lock:
+            return sorted(self._positions)
+
+    def wait_for_assignment(self, timeout_s: float) -> list[int]:
+        """Membership is granted on creation here, so this never waits."""
+        self._check_open()
+        return self.assignment()
+
+    def seek(self, positions: Sequence[Position]) -> None:
+        log = self._log
+        with log._lock:
+            self._check_open()
+            self._owned([p.partition for p in positions])
+            for position in positions:
+                self._positions[position.partition] = log._partitions[position.partition].clamp(
+                    position.offset
+                )
+
+    def seek_to_timestamp(self, ts_ms: int) -> None:
+        log = self._log
+        with log._lock:
+            self._check_open()
+            for index in self._positions:
+                self._positions[index] = log._partitions[index].offset_for_time(ts_ms)
+
+    def seek_to_beginning(self) -> None:
+        log = self._log
+        with log._lock:
+            self._check_open()
+            for index in self._positions:
+                self._positions[index] = log._partitions[index].start
+
+    def lag(self) -> dict[int, int]:
+        log = self._log
+        with log._lock:
+            return {
+                index: log._partitions[index].end - log._partitions[index].clamp(offset)
+                for index, offset in sorted(self._positions.items())
+            }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._log._leave(self)
+
+    def __enter__(self) -> MemoryEventConsumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
