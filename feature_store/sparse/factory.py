@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from feature_store.errors import ConfigurationError
 from feature_store.settings import RedisSettings, Settings
@@ -24,7 +26,11 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
     """A redis-py client for the sparse tables (binary replies); the caller closes it.
 
     Connecting is lazy: an unreachable server surfaces as
-    ``SparseTableUnavailable`` on the first pull or push.
+    ``SparseTableUnavailable`` on the first pull or push. Connecting is
+    retried twice with a short backoff (redis-py 8's default, 10 retries,
+    stalls a batch for seconds); pulls and pushes themselves are never
+    retried by the client, since replaying a push would apply its gradients
+    twice; the trainer decides what to do with a failed batch.
     """
     if settings.cluster:
         raise ConfigurationError(
@@ -36,6 +42,7 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
         socket_connect_timeout=settings.socket_timeout_s,
         max_connections=settings.max_connections,
         decode_responses=False,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
     )
 
 

@@ -19,7 +19,8 @@ Round trips, for each chunk of ``batch_chunk`` keys (never one per key):
   their counters (skipped when ``admission_threshold`` is 1), and one
   ``MULTI``/``EXEC`` writing the admitted rows with ``SET ... NX PX`` so that
   a row another trainer just created is never reset to its initial value.
-- ``push``: one round trip of two ``MGET`` (weights, state), the optimizer in
+- ``push``: one round trip of one ``MGET`` of weights and state together
+  (one command, so both are read at the same instant), the optimizer in
   numpy, then one ``MULTI``/``EXEC`` of ``SET ... PX`` for both. Keys whose
   weights or state are missing (not admitted, or expired) drop their
   gradient, as the contract says.
@@ -31,7 +32,9 @@ tolerates it, and the alternative, ``WATCH`` and retry, would serialize every
 hot key). Because each writer's ``SET``\\ s of weights and state for a whole
 chunk run inside one ``MULTI``/``EXEC``, which Redis executes without
 interleaving other clients' commands, a row's weights and state always come
-from the same writer and the same update, never a mix of two. One rare
+from the same writer and the same update, never a mix of two; and because
+a push reads weights and state in one ``MGET``, it never starts from one
+update's weights and another's state. One rare
 seam remains: a row whose weights and state expire in different
 milliseconds is read as missing by a push (its gradient dropped) and may be
 re-admitted with a fresh state beside the surviving weights.
@@ -126,9 +129,18 @@ class _Kind:
         self._key_head = b"$%d\r\n" % self.key_len + prefix
         self.pattern = _glob_escape(prefix) + b"*"
 
-    def mget(self, kb: np.ndarray) -> bytes:
+    def mget(self, kb: np.ndarray, also: _Kind | None = None) -> bytes:
+        """``MGET`` of ``kb``'s keys, then the same keys of ``also``, in one command.
+
+        One command is atomic in Redis, so weights and state read together
+        come from the same moment (two MGETs could straddle another writer's
+        EXEC and pair one update's weights with another's state).
+        """
         n = len(kb)
-        return b"*%d\r\n$4\r\nMGET\r\n" % (n + 1) + _records(n, (self._key_head, kb, _CRLF))
+        body = _records(n, (self._key_head, kb, _CRLF))
+        if also is not None:
+            body += _records(n, (also._key_head, kb, _CRLF))
+        return b"*%d\r\n$4\r\nMGET\r\n" % ((2 if also else 1) * n + 1) + body
 
     def set(self, kb: np.ndarray, values: np.ndarray, ttl_ms: int, nx: bool = False) -> bytes:
         """``SET key value PX ttl [NX]`` for each row of ``kb``/``values``."""
@@ -329,13 +341,10 @@ class RedisSparseTable:
                 self._push_chunk(conn, _key_bytes(keys[part]), grads[part])
 
     def _push_chunk(self, conn: AbstractConnection, kb: np.ndarray, grads: Rows) -> None:
-        conn.send_packed_command([self._w.mget(kb), self._s.mget(kb)])
-        weights, w_present = self._decode(
-            conn.read_response(disable_decoding=True), self._w_bytes, self._w
-        )
-        state, s_present = self._decode(
-            conn.read_response(disable_decoding=True), self._s_bytes, self._s
-        )
+        conn.send_packed_command([self._w.mget(kb, also=self._s)])
+        both = conn.read_response(disable_decoding=True)
+        weights, w_present = self._decode(both[: len(kb)], self._w_bytes, self._w)
+        state, s_present = self._decode(both[len(kb) :], self._s_bytes, self._s)
         present = w_present & s_present
         if not present.all():  # not admitted or expired: the gradient is dropped
             kb, weights, state, grads = kb[present], weights[present], state[present], grads[present]
@@ -392,14 +401,11 @@ class RedisSparseTable:
                     keys = np.frombuffer(b"".join(n[-8:] for n in fresh), dtype=">u8")
                     kb = _key_bytes(keys.astype(np.uint64))
                     conn.send_packed_command(
-                        [self._w.mget(kb), self._s.mget(kb), self._w.simple(b"PTTL", kb)]
+                        [self._w.mget(kb, also=self._s), self._w.simple(b"PTTL", kb)]
                     )
-                    weights, w_ok = self._decode(
-                        conn.read_response(disable_decoding=True), self._w_bytes, self._w
-                    )
-                    state, s_ok = self._decode(
-                        conn.read_response(disable_decoding=True), self._s_bytes, self._s
-                    )
+                    both = conn.read_response(disable_decoding=True)
+                    weights, w_ok = self._decode(both[: len(kb)], self._w_bytes, self._w)
+                    state, s_ok = self._decode(both[len(kb) :], self._s_bytes, self._s)
                     pttl = np.array(self._replies(conn, len(fresh)), dtype=np.float64)
                     now = time.time()
                     ok = w_ok & s_ok & (pttl != -2)

@@ -1,0 +1,225 @@
+"""Throughput of the sparse tables beside the floor of raw redis-py.
+
+    python -m bench.bench_sparse [--iterations 30] [--rows 100000] [--batch 4096] [--dim 64]
+                                 [--redis-url redis://...]
+
+Each figure is keys per second over batches of ``--batch`` unique keys drawn
+(fixed seed) from a table pre-filled with ``--rows`` rows of ``--dim``
+float32, the median of ``--iterations`` timed batches after two warm-ups:
+
+- ``pull``: serving pull (``train=False``), weights only.
+- ``push``: one gradient row per key, Adagrad (state as wide as the row);
+  for Redis this is a read of weights and state, the optimizer and a
+  MULTI/EXEC write of both.
+
+The floor is what redis-py does with the same bytes and no table logic,
+measured in the same run against the same server: for ``pull`` one
+pipelined ``MGET`` per ``batch_chunk`` keys; for ``push`` a pipelined
+(``transaction=False``) ``SET`` of every weights and state value, plus, as a
+second floor, that write preceded by the ``MGET`` read of both (the least a
+read-modify-write can do). ``ratio`` is table time over floor time (below 1:
+the table beats plain redis-py).
+
+Without ``--redis-url`` a private ``redis-server`` is started on a free port
+(``tests.services.RedisServer``) and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+
+from feature_store.settings import SparseSettings
+from feature_store.sparse import MemorySparseTable, RedisSparseTable, TableSpec
+
+CHUNK = 8192
+
+
+def _median_rate(fn: Callable[[int], object], keys_per_call: int, iterations: int) -> float:
+    for i in range(2):
+        fn(i)
+    times = []
+    for i in range(iterations):
+        start = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - start)
+    return keys_per_call / statistics.median(times)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "redis-py": redis.__version__,
+    }
+
+
+def _fill(table: Any, keys: np.ndarray, batch: int) -> None:
+    for start in range(0, len(keys), batch):
+        table.pull(keys[start : start + batch], train=True)
+
+
+def _floors(
+    client: redis.Redis, table: RedisSparseTable, batches: list[np.ndarray], iterations: int
+) -> dict[str, float]:
+    """Raw redis-py on the table's own keys and value sizes."""
+    batch = len(batches[0])
+    w_prefix, s_prefix = table._w.prefix, table._s.prefix  # noqa: SLF001 - same bytes on purpose
+    names = [
+        (
+            [w_prefix + int(k).to_bytes(8, "big") for k in keys],
+            [s_prefix + int(k).to_bytes(8, "big") for k in keys],
+        )
+        for keys in batches
+    ]
+    w_value = bytes(4 * table.spec.dim)
+    s_value = bytes(4 * table.state_width)
+
+    def mget(names_list: list[bytes]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for start in range(0, len(names_list), CHUNK):
+            pipe.mget(names_list[start : start + CHUNK])
+        return pipe.execute()
+
+    def read(i: int) -> None:
+        mget(names[i % len(names)][0])
+
+    def write(i: int) -> None:
+        w_names, s_names = names[i % len(names)]
+        pipe = client.pipeline(transaction=False)
+        for w_name, s_name in zip(w_names, s_names, strict=True):
+            pipe.set(w_name, w_value, px=3_600_000)
+            pipe.set(s_name, s_value, px=3_600_000)
+        pipe.execute()
+
+    def read_write(i: int) -> None:
+        w_names, s_names = names[i % len(names)]
+        mget(w_names)
+        mget(s_names)
+        write(i)
+
+    return {
+        "pull": _median_rate(read, batch, iterations),
+        "push": _median_rate(write, batch, iterations),
+        "push_rw": _median_rate(read_write, batch, iterations),
+    }
+
+
+def run(
+    *,
+    iterations: int = 30,
+    rows: int = 100_000,
+    batch: int = 4096,
+    dim: int = 64,
+    redis_url: str | None = None,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Measure; one dict per figure: ``figure``, ``value`` (keys/s), ``floor``, ``ratio``."""
+    rng = np.random.default_rng(seed)
+    all_keys = np.unique(rng.integers(0, 2**64 - 1, size=rows, dtype=np.uint64))
+    batches = [rng.choice(all_keys, size=batch, replace=False) for _ in range(iterations)]
+    grads = rng.normal(0, 0.01, size=(batch, dim)).astype(np.float32)
+    spec = TableSpec(name="bench", dim=dim, optimizer="adagrad")
+    settings = SparseSettings(model_name="bench", ttl_s=3600)
+    results: list[dict[str, Any]] = []
+
+    memory = MemorySparseTable(spec, settings)
+    _fill(memory, all_keys, batch)
+    for figure, fn in (
+        ("memory pull", lambda i: memory.pull(batches[i % len(batches)])),
+        ("memory push", lambda i: memory.push(batches[i % len(batches)], grads)),
+    ):
+        results.append(
+            {"figure": figure, "value": _median_rate(fn, batch, iterations), "floor": None, "ratio": None}
+        )
+
+    server = None
+    if redis_url is None:
+        from tests.services import RedisServer
+
+        server = RedisServer()
+        server.start()
+        redis_url = server.url
+    client = redis.Redis.from_url(redis_url)
+    try:
+        info = client.info("server")
+        results.append({"figure": "redis server", "value": info.get("redis_version")})
+        table = RedisSparseTable(spec, settings, client, chunk=CHUNK)
+        table.clear()
+        table.load(memory.export())
+        pull = _median_rate(lambda i: table.pull(batches[i % len(batches)]), batch, iterations)
+        push = _median_rate(lambda i: table.push(batches[i % len(batches)], grads), batch, iterations)
+        floors = _floors(client, table, batches, iterations)
+        table.clear()
+        results.append(
+            {"figure": "redis pull", "value": pull, "floor": floors["pull"],
+             "ratio": floors["pull"] / pull}
+        )
+        results.append(
+            {"figure": "redis push", "value": push, "floor": floors["push"],
+             "ratio": floors["push"] / push}
+        )
+        results.append(
+            {"figure": "redis push vs read+write floor", "value": push,
+             "floor": floors["push_rw"], "ratio": floors["push_rw"] / push}
+        )
+    finally:
+        client.close()
+        if server is not None:
+            server.stop()
+    return results
+
+
+def _format(results: list[dict[str, Any]]) -> str:
+    lines = ["| figure | keys/s | floor keys/s | table time / floor time |", "|---|---:|---:|---:|"]
+    for row in results:
+        value = row["value"]
+        if isinstance(value, float):
+            floor = f"{row['floor']:,.0f}" if row.get("floor") else "-"
+            ratio = f"{row['ratio']:.2f}" if row.get("ratio") else "-"
+            lines.append(f"| {row['figure']} | {value:,.0f} | {floor} | {ratio} |")
+        else:
+            lines.append(f"| {row['figure']} | {value} | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=4096)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--redis-url", default=None)
+    args = parser.parse_args()
+    print(" ".join(f"{k}={v}" for k, v in machine().items()))
+    print(f"rows={args.rows} batch={args.batch} dim={args.dim} iterations={args.iterations} "
+          f"load average={os.getloadavg()[0]:.2f}")
+    results = run(
+        iterations=args.iterations, rows=args.rows, batch=args.batch, dim=args.dim,
+        redis_url=args.redis_url,
+    )
+    print(_format(results))
+
+
+if __name__ == "__main__":
+    main()
