@@ -93,7 +93,6 @@ class KafkaEventLog:
         self._probe: KafkaConsumer | None = None
         """Group-less consumer for end offsets; kafka-python clients are not thread-safe."""
         self._probe_lock = threading.Lock()
-        self._produce_lock = threading.Lock()
         self._consumers: list[KafkaEventConsumer] = []
         self._closed = False
 

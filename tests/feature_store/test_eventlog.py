@@ -118,6 +118,7 @@ def test_produce_then_consume_keeps_each_users_order(make_log: MakeLog) -> None:
     produced = first + second
 
     with log.consumer("g") as consumer:
+        assert isinstance(log, EventLog) and isinstance(consumer, EventConsumer)
         got = drain(consumer, len(produced))
         assert quiet(consumer) == []
 
