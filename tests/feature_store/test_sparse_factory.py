@@ -1,0 +1,95 @@
+"""Opening tables from settings, and the per-model container."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from feature_store.errors import ConfigurationError
+from feature_store.settings import RedisSettings, load_settings
+from feature_store.sparse import (
+    MemorySparseTable,
+    RedisSparseTable,
+    SparseTable,
+    SparseTables,
+    TableSpec,
+    connect_redis,
+    open_table,
+)
+
+SPECS = [TableSpec("video", 8, "adagrad"), TableSpec("wide", 1, "ftrl")]
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def settings(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    if request.param == "memory":
+        return load_settings(sparse={"backend": "memory"})
+    url = request.getfixturevalue("redis_url")
+    return load_settings(sparse={"backend": "redis"}, redis={"url": url, "batch_chunk": 128})
+
+
+def test_open_table_picks_the_backend(settings) -> None:  # type: ignore[no-untyped-def]
+    table = open_table(SPECS[0], settings)
+    expected = MemorySparseTable if settings.sparse.backend == "memory" else RedisSparseTable
+    assert isinstance(table, expected) and isinstance(table, SparseTable)
+    table.pull(np.arange(300, dtype=np.uint64), train=True)
+    assert table.stats().rows == 300
+    table.clear()
+    table.close()
+
+
+def test_tables_snapshot_and_restore_together(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    keys = np.arange(1, 101, dtype=np.uint64)
+    with SparseTables.open(SPECS, settings) as tables:
+        assert sorted(tables) == ["video", "wide"] and len(tables) == 2
+        for table in tables.values():
+            table.pull(keys, train=True)
+            table.push(keys, np.ones((100, table.spec.dim), dtype=np.float32))
+        before = {name: t.pull(keys) for name, t in tables.items()}
+        tables.snapshot_all(tmp_path)
+        for table in tables.values():
+            table.clear()
+        assert tables.restore_all(tmp_path) == {"video": 100, "wide": 100}
+        for name, table in tables.items():
+            assert table.pull(keys).tobytes() == before[name].tobytes()
+        assert tables.expire_all() == 0
+        for table in tables.values():
+            table.clear()
+
+
+@pytest.mark.redis
+def test_owned_client_is_closed_with_the_container(redis_url: str) -> None:
+    observer = redis.Redis.from_url(redis_url)
+    baseline = len(observer.client_list())
+    settings = load_settings(sparse={"backend": "redis"}, redis={"url": redis_url})
+    tables = SparseTables.open(SPECS, settings)
+    tables["video"].pull(np.array([1], dtype=np.uint64))
+    assert len(observer.client_list()) == baseline + 1
+    tables.close()
+    deadline = time.monotonic() + 2
+    while len(observer.client_list()) > baseline and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(observer.client_list()) == baseline, "the container's own connection is closed"
+    observer.close()
+
+
+@pytest.mark.redis
+def test_borrowed_client_is_left_open(redis_url: str) -> None:
+    settings = load_settings(sparse={"backend": "redis"}, redis={"url": redis_url})
+    client = redis.Redis.from_url(redis_url)
+    with SparseTables.open(SPECS, settings, redis_client=client) as tables:
+        tables["wide"].pull(np.array([1], dtype=np.uint64))
+    assert client.ping()
+    client.close()
+
+
+def test_cluster_and_duplicate_names_are_refused() -> None:
+    with pytest.raises(ConfigurationError, match="cluster"):
+        connect_redis(RedisSettings(cluster=True))
+    settings = load_settings()
+    with pytest.raises(ConfigurationError, match="two sparse tables"):
+        SparseTables.open([SPECS[0], SPECS[0]], settings)
