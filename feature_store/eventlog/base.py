@@ -96,7 +96,9 @@ class EventConsumer(Protocol):
         Waits at most ``timeout_s``; an empty list means no partition yet (the
         join is slow or the group has more members than partitions). Call it
         before ``seek``/``seek_to_timestamp`` on a fresh consumer, whose group
-        membership a broker grants only after a join round.
+        membership a broker grants only after a join round (the seek methods
+        of a consumer with no partition yet call it themselves, bounded by
+        the session plus request timeout).
         """
         ...
 
@@ -152,6 +154,10 @@ class EventLog(Protocol):
 
     def end_offsets(self) -> dict[int, int]:
         """Next offset to be written, per partition."""
+        ...
+
+    def beginning_offsets(self) -> dict[int, int]:
+        """First offset still held, per partition (retention moves it forward)."""
         ...
 
     def close(self) -> None:

@@ -26,6 +26,11 @@ Apache Kafka):
   leading records whose timestamp is before the target; "none" seeks to the
   true end. With a producer clock ahead of the broker's the answer may come
   late; keep clocks in sync.
+- A group's first join waits about half the session timeout (at most 3 s)
+  before the broker answers, and a rebalance as long again: small
+  ``session_timeout_ms``/``heartbeat_interval_ms`` make tests quick.
+  ``api_version`` auto-detection, record headers and the idempotent producer
+  (kafka-python 3's default) work unchanged.
 """
 
 from __future__ import annotations
@@ -288,6 +293,10 @@ class KafkaEventLog:
     def end_offsets(self) -> dict[int, int]:
         ends = self._end_offsets(self._partitions(self.topic))
         return {tp.partition: offset for tp, offset in ends.items()}
+
+    def beginning_offsets(self) -> dict[int, int]:
+        starts = self._beginning_offsets(self._partitions(self.topic))
+        return {tp.partition: offset for tp, offset in starts.items()}
 
     def dead_letter_count(self) -> int:
         partitions = self._partitions(self.dead_letter_topic)

@@ -14,6 +14,12 @@ dies with the process (tests, throwaway runs).
 
 One lock guards the whole log: the embedded mode serves one process, where
 the cost of a lock is small next to decoding and training.
+
+Where it differs from Kafka, on purpose: a member keeps its position in the
+partitions it keeps across a rebalance (Kafka's eager protocol restarts them
+from the last commit; both are at-least-once), and ``seek`` clamps an offset
+into the held range (the Kafka backend clamps too, rather than let the broker
+reset an out-of-range position to the beginning).
 """
 
 from __future__ import annotations
@@ -321,6 +327,8 @@ class MemoryEventLog:
         if not letters:
             return
         with self._lock:
+            if self._closed:
+                raise EventLogUnavailable("the event log is closed")
             self._dead.extend(letters)
             if self._dead_file is not None:
                 self._dead_file.append(letters)

@@ -9,6 +9,7 @@ half the session timeout, capped at 3 s).
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from feature_store.eventlog import ConsumedEvent, EventConsumer, EventLog, Posit
 from feature_store.events import Event
 from feature_store.settings import EventLogSettings, KafkaSettings, Settings
 from tests.factories import make_event
-from tests.services import free_port
+from tests.services import TansuBroker, free_port
 
 pytestmark = pytest.mark.filterwarnings(
     # kafka-python 3 loads its protocol schemas with importlib.resources'
@@ -132,6 +133,7 @@ def test_produce_then_consume_keeps_each_users_order(make_log: MakeLog) -> None:
     assert got[0].event == next(e for e in produced if e.event_id == got[0].event.event_id)
     assert all(c.log_ts > 0 for c in got)
     assert sum(log.end_offsets().values()) == len(produced)
+    assert log.beginning_offsets() == {p: 0 for p in range(PARTITIONS)}
 
 
 def test_new_member_resumes_from_the_committed_position(make_log: MakeLog) -> None:
@@ -295,6 +297,23 @@ def test_lag_counts_unconsumed_records(make_log: MakeLog) -> None:
         assert consumer.lag() == {p: 0 for p in range(PARTITIONS)}
 
 
+def test_poll_waits_for_records_and_wakes_when_they_arrive(make_log: MakeLog) -> None:
+    log = make_log()
+    event = make_event()
+    with log.consumer("g") as consumer:
+        assert consumer.wait_for_assignment(10) == list(range(PARTITIONS))
+        started = time.monotonic()
+        assert consumer.poll(10, 0) == []
+        assert time.monotonic() - started < 0.5, "timeout 0 does not wait"
+        producer = threading.Timer(0.3, log.produce, args=([event],))
+        producer.start()
+        started = time.monotonic()
+        got = consumer.poll(10, 10)
+        producer.join()
+    assert ids(got) == [event.event_id]
+    assert time.monotonic() - started < 5, "woken by the record, not by the timeout"
+
+
 def test_closed_log_refuses_work(make_log: MakeLog) -> None:
     log = make_log()
     consumer = log.consumer("g")
@@ -315,3 +334,17 @@ def test_unreachable_kafka_fails_fast() -> None:
     with pytest.raises(EventLogUnavailable):
         open_event_log(settings)
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.kafka
+def test_a_second_kafka_log_on_existing_topics_shares_them(kafka_broker: TansuBroker) -> None:
+    make_log = MakeLog("kafka", kafka_broker.bootstrap)
+    try:
+        first = make_log()
+        first.produce(events_for(3, 2))
+        second = make_log()  # the topics exist now: creation must tolerate that
+        assert second.end_offsets() == first.end_offsets()
+        assert sum(second.end_offsets().values()) == 6
+    finally:
+        for log in make_log.opened:
+            log.close()
