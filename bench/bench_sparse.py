@@ -150,7 +150,12 @@ def run(
         ("memory push", lambda i: memory.push(batches[i % len(batches)], grads)),
     ):
         results.append(
-            {"figure": figure, "value": _median_rate(fn, batch, iterations), "floor": None, "ratio": None}
+            {
+                "figure": figure,
+                "value": _median_rate(fn, batch, iterations),
+                "floor": None,
+                "ratio": None,
+            }
         )
 
     server = None
@@ -168,20 +173,34 @@ def run(
         table.clear()
         table.load(memory.export())
         pull = _median_rate(lambda i: table.pull(batches[i % len(batches)]), batch, iterations)
-        push = _median_rate(lambda i: table.push(batches[i % len(batches)], grads), batch, iterations)
+        push = _median_rate(
+            lambda i: table.push(batches[i % len(batches)], grads), batch, iterations
+        )
         floors = _floors(client, table, batches, iterations)
         table.clear()
         results.append(
-            {"figure": "redis pull", "value": pull, "floor": floors["pull"],
-             "ratio": floors["pull"] / pull}
+            {
+                "figure": "redis pull",
+                "value": pull,
+                "floor": floors["pull"],
+                "ratio": floors["pull"] / pull,
+            }
         )
         results.append(
-            {"figure": "redis push", "value": push, "floor": floors["push"],
-             "ratio": floors["push"] / push}
+            {
+                "figure": "redis push",
+                "value": push,
+                "floor": floors["push"],
+                "ratio": floors["push"] / push,
+            }
         )
         results.append(
-            {"figure": "redis push vs read+write floor", "value": push,
-             "floor": floors["push_rw"], "ratio": floors["push_rw"] / push}
+            {
+                "figure": "redis push vs read+write floor",
+                "value": push,
+                "floor": floors["push_rw"],
+                "ratio": floors["push_rw"] / push,
+            }
         )
     finally:
         client.close()
@@ -212,10 +231,15 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None)
     args = parser.parse_args()
     print(" ".join(f"{k}={v}" for k, v in machine().items()))
-    print(f"rows={args.rows} batch={args.batch} dim={args.dim} iterations={args.iterations} "
-          f"load average={os.getloadavg()[0]:.2f}")
+    print(
+        f"rows={args.rows} batch={args.batch} dim={args.dim} iterations={args.iterations} "
+        f"load average={os.getloadavg()[0]:.2f}"
+    )
     results = run(
-        iterations=args.iterations, rows=args.rows, batch=args.batch, dim=args.dim,
+        iterations=args.iterations,
+        rows=args.rows,
+        batch=args.batch,
+        dim=args.dim,
         redis_url=args.redis_url,
     )
     print(_format(results))

@@ -32,6 +32,7 @@ then. Admission counters live in a dict of ``key -> (sightings, last
 sighting)`` (only keys not yet admitted, so it stays small) and expire after
 ``ttl_s`` too. Inject ``clock`` to test expiry without sleeping.
 """
+
 from __future__ import annotations
 
 import threading
@@ -260,7 +261,9 @@ class MemorySparseTable:
         if admit.any():
             new_keys = keys[admit]
             if len(np.unique(new_keys)) != len(new_keys):
-                raise InvalidInput("keys", "duplicate keys in one batch; deduplicate with np.unique")
+                raise InvalidInput(
+                    "keys", "duplicate keys in one batch; deduplicate with np.unique"
+                )
             slots = self._allocate(len(new_keys))
             self._weights[slots] = self._initializer(new_keys)
             self._state[slots] = self.optimizer.initial_state(len(new_keys), self.spec.dim)
@@ -337,7 +340,9 @@ class MemorySparseTable:
     def load(self, data: SnapshotData) -> int:
         """Replace the contents with ``data`` (rows already past their TTL are skipped)."""
         if data.state.shape[1] != self.state_width:
-            raise InvalidInput("snapshot.state", f"width {data.state.shape[1]}, want {self.state_width}")
+            raise InvalidInput(
+                "snapshot.state", f"width {data.state.shape[1]}, want {self.state_width}"
+            )
         if len(np.unique(data.keys)) != len(data.keys):
             raise InvalidInput("snapshot.keys", "duplicate keys")
         with self._lock:
@@ -372,4 +377,6 @@ class MemorySparseTable:
         self.close()
 
     def __repr__(self) -> str:
-        return f"MemorySparseTable({self.spec.name!r}, dim={self.spec.dim}, rows={len(self._index)})"
+        return (
+            f"MemorySparseTable({self.spec.name!r}, dim={self.spec.dim}, rows={len(self._index)})"
+        )

@@ -82,7 +82,7 @@ class Adagrad:
     def apply(self, weights: Rows, state: Rows, grads: Rows) -> tuple[Rows, Rows]:
         acc = state + grads * grads
         new_weights = weights - self.lr * grads / (np.sqrt(acc) + self.eps)
-        return new_weights, acc
+        return new_weights.astype(np.float32, copy=False), acc
 
 
 class Adam:
@@ -170,7 +170,7 @@ class Ftrl:
         new_n = n + g2
         sqrt_new_n = np.sqrt(new_n)
         sigma = (sqrt_new_n - np.sqrt(n)) / self.alpha
-        z = z + grads - sigma * weights
+        z = (z + grads - sigma * weights).astype(np.float32, copy=False)
         shrunk = z - np.sign(z) * self.l1
         new_weights = -shrunk / ((self.beta + sqrt_new_n) / self.alpha + self.l2)
         new_weights = np.where(np.abs(z) <= self.l1, _f32(0.0), new_weights).astype(np.float32)

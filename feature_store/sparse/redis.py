@@ -98,7 +98,9 @@ def _records(n: int, parts: Sequence[bytes | np.ndarray]) -> bytes:
     out = np.empty((n, sum(widths)), dtype=np.uint8)
     col = 0
     for part, width in zip(parts, widths, strict=True):
-        out[:, col : col + width] = np.frombuffer(part, np.uint8) if isinstance(part, bytes) else part
+        out[:, col : col + width] = (
+            np.frombuffer(part, np.uint8) if isinstance(part, bytes) else part
+        )
         col += width
     return out.tobytes()
 
@@ -246,7 +248,9 @@ class RedisSparseTable:
                 conn.read_response(disable_decoding=True)
             except redis.ResponseError as exc:
                 errors.append(exc)  # keep reading: the stream must stay in step
-        result = conn.read_response(disable_decoding=True)  # EXEC (raises EXECABORT if queued errors)
+        result = conn.read_response(
+            disable_decoding=True
+        )  # EXEC (raises EXECABORT if queued errors)
         if errors:
             raise errors[0]
         if not isinstance(result, list):
@@ -256,7 +260,9 @@ class RedisSparseTable:
                 raise item
         return result
 
-    def _decode(self, values: list[object], width_bytes: int, kind: _Kind) -> tuple[Rows, np.ndarray]:
+    def _decode(
+        self, values: list[object], width_bytes: int, kind: _Kind
+    ) -> tuple[Rows, np.ndarray]:
         """Rows ``(n, width)`` from an MGET reply (zeros where missing) and the present mask."""
         n = len(values)
         width = width_bytes // 4
@@ -347,7 +353,12 @@ class RedisSparseTable:
         state, s_present = self._decode(both[len(kb) :], self._s_bytes, self._s)
         present = w_present & s_present
         if not present.all():  # not admitted or expired: the gradient is dropped
-            kb, weights, state, grads = kb[present], weights[present], state[present], grads[present]
+            kb, weights, state, grads = (
+                kb[present],
+                weights[present],
+                state[present],
+                grads[present],
+            )
         if not len(kb):
             return
         weights, state = self.optimizer.apply(weights, state, grads)
@@ -366,7 +377,7 @@ class RedisSparseTable:
         while True:
             cursor, names = self._client.scan(cursor, match=kind.pattern, count=self._chunk)
             if names:
-                yield names
+                yield [name for name in names if isinstance(name, bytes)]  # binary client
             if cursor == 0:
                 return
 
@@ -392,9 +403,7 @@ class RedisSparseTable:
         try:
             with self._connection() as conn:
                 for names in self._scan(self._w):
-                    fresh = [
-                        n for n in names if len(n) == self._w.key_len and n not in seen
-                    ]
+                    fresh = [n for n in names if len(n) == self._w.key_len and n not in seen]
                     seen.update(fresh)
                     if not fresh:
                         continue
@@ -443,7 +452,9 @@ class RedisSparseTable:
     def load(self, data: SnapshotData) -> int:
         """Replace the table's rows with ``data``; each row keeps its remaining TTL."""
         if data.state.shape[1] != self.state_width:
-            raise InvalidInput("snapshot.state", f"width {data.state.shape[1]}, want {self.state_width}")
+            raise InvalidInput(
+                "snapshot.state", f"width {data.state.shape[1]}, want {self.state_width}"
+            )
         self.clear()
         data = data.live(time.time(), self._ttl_s)
         remaining_ms = np.maximum(

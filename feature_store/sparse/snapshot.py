@@ -60,7 +60,9 @@ class SnapshotData:
     def __post_init__(self) -> None:
         n = len(self.keys)
         if self.weights.shape != (n, self.spec.dim):
-            raise InvalidInput("snapshot.weights", f"shape {self.weights.shape}, want ({n}, {self.spec.dim})")
+            raise InvalidInput(
+                "snapshot.weights", f"shape {self.weights.shape}, want ({n}, {self.spec.dim})"
+            )
         if self.state.ndim != 2 or self.state.shape[0] != n:
             raise InvalidInput("snapshot.state", f"shape {self.state.shape}, want ({n}, width)")
         if self.updated_at.shape != (n,):
@@ -99,7 +101,11 @@ def write_snapshot(directory: Path, data: SnapshotData) -> None:
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            "table": {"name": data.spec.name, "dim": data.spec.dim, "optimizer": data.spec.optimizer},
+            "table": {
+                "name": data.spec.name,
+                "dim": data.spec.dim,
+                "optimizer": data.spec.optimizer,
+            },
             "state_width": int(data.state.shape[1]),
             "rows": int(len(data.keys)),
             "created_at": time.time(),
@@ -157,7 +163,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise InvalidInput(
             "snapshot.format_version",
-            f"{manifest.get('format_version')!r} is not supported (this build reads {FORMAT_VERSION})",
+            f"{manifest.get('format_version')!r} is not supported "
+            f"(this build reads {FORMAT_VERSION})",
         )
     return manifest
 
@@ -175,12 +182,14 @@ def read_snapshot(directory: Path, expect: TableSpec, state_width: int) -> Snaps
     table = manifest.get("table", {})
     if table.get("dim") != expect.dim or table.get("optimizer") != expect.optimizer:
         raise ConfigurationError(
-            f"snapshot {directory} holds dim={table.get('dim')} optimizer={table.get('optimizer')}, "
-            f"table {expect.name!r} has dim={expect.dim} optimizer={expect.optimizer}"
+            f"snapshot {directory} holds dim={table.get('dim')} "
+            f"optimizer={table.get('optimizer')}, table {expect.name!r} has "
+            f"dim={expect.dim} optimizer={expect.optimizer}"
         )
     if manifest.get("state_width") != state_width:
         raise ConfigurationError(
-            f"snapshot {directory} has state width {manifest.get('state_width')}, want {state_width}"
+            f"snapshot {directory} has state width {manifest.get('state_width')}, "
+            f"want {state_width}"
         )
     arrays: dict[str, np.ndarray] = {}
     for name in _ARRAYS:
@@ -190,9 +199,13 @@ def read_snapshot(directory: Path, expect: TableSpec, state_width: int) -> Snaps
             raise InvalidInput(f"snapshot.{name}", f"unreadable {name}.npy: {exc}") from exc
     rows = manifest.get("rows")
     if len(arrays["keys"]) != rows:
-        raise InvalidInput("snapshot.rows", f"manifest says {rows} rows, keys.npy holds {len(arrays['keys'])}")
+        raise InvalidInput(
+            "snapshot.rows", f"manifest says {rows} rows, keys.npy holds {len(arrays['keys'])}"
+        )
     if arrays["state"].shape[1:] != (state_width,):
-        raise InvalidInput("snapshot.state", f"shape {arrays['state'].shape}, width {state_width} expected")
+        raise InvalidInput(
+            "snapshot.state", f"shape {arrays['state'].shape}, width {state_width} expected"
+        )
     return SnapshotData(
         spec=expect,
         keys=arrays["keys"].astype(np.uint64, copy=False),

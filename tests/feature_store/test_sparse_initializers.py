@@ -43,7 +43,9 @@ def test_deterministic_bounded_and_table_specific() -> None:
     assert a.dtype == np.float32 and a.shape == (10_000, 32)
     np.testing.assert_array_equal(a, b)
     assert a.min() >= -0.1 and a.max() < 0.1
-    assert abs(float(a.mean())) < 0.002 and 0.05 < float(a.std()) < 0.065  # uniform: scale / sqrt(3)
+    assert (
+        abs(float(a.mean())) < 0.002 and 0.05 < float(a.std()) < 0.065
+    )  # uniform: scale / sqrt(3)
     other = Initializer("emb2", 32, 0.1, zero=False)(keys)
     assert not np.isclose(a, other).all()
     # A narrower table's row is the start of a wider one's.

@@ -17,7 +17,9 @@ def test_key_index_agrees_with_a_dict_through_inserts_removals_and_rehashes() ->
     # Small key ranges force collisions, tombstone reuse and many rehashes.
     for step in range(300):
         universe = 5000 if step % 2 else 2**64 - 1
-        candidates = np.unique(rng.integers(0, universe, size=rng.integers(1, 400), dtype=np.uint64))
+        candidates = np.unique(
+            rng.integers(0, universe, size=rng.integers(1, 400), dtype=np.uint64)
+        )
         slots, where = index.find(candidates)
         expected = np.array([model.get(k, 0) for k in candidates.tolist()])
         np.testing.assert_array_equal(slots, expected)
@@ -28,13 +30,17 @@ def test_key_index_agrees_with_a_dict_through_inserts_removals_and_rehashes() ->
             model[k] = next_slot
             next_slot += 1
         if model and step % 3 == 0:
-            gone = rng.choice(np.array(list(model), dtype=np.uint64), size=len(model) // 3, replace=False)
+            gone = rng.choice(
+                np.array(list(model), dtype=np.uint64), size=len(model) // 3, replace=False
+            )
             index.remove(gone)
             for k in gone.tolist():
                 del model[k]
         assert len(index) == len(model)
     everything = np.array(list(model), dtype=np.uint64)
-    np.testing.assert_array_equal(index.find(everything)[0], [model[k] for k in everything.tolist()])
+    np.testing.assert_array_equal(
+        index.find(everything)[0], [model[k] for k in everything.tolist()]
+    )
 
 
 def test_key_zero_and_max_are_ordinary_keys() -> None:
@@ -48,7 +54,9 @@ def test_key_zero_and_max_are_ordinary_keys() -> None:
 def test_capacity_grows_and_expired_slots_are_reused() -> None:
     now = [1000.0]
     table = MemorySparseTable(
-        TableSpec("emb", 4, "adagrad"), SparseSettings(ttl_s=10), clock=lambda: now[0],
+        TableSpec("emb", 4, "adagrad"),
+        SparseSettings(ttl_s=10),
+        clock=lambda: now[0],
         initial_capacity=2,
     )
     first = np.arange(1, 3001, dtype=np.uint64)

@@ -64,7 +64,10 @@ def test_chunks_smaller_than_the_batch(client: redis.Redis) -> None:
 def test_unreachable_redis_raises_sparse_table_unavailable() -> None:
     # No connect retries: redis-py 8 otherwise backs off ~4 s per call before giving up.
     dead = redis.Redis(
-        port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        port=free_port(),
+        socket_connect_timeout=0.5,
+        socket_timeout=0.5,
+        retry=Retry(NoBackoff(), 0),
     )
     table = RedisSparseTable(SPEC, SparseSettings(), dead)
     keys = np.array([1, 2], dtype=np.uint64)

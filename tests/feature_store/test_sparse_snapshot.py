@@ -39,7 +39,11 @@ def test_layout_and_manifest(tmp_path: Path) -> None:
     table, keys = filled_memory_table()
     table.snapshot(tmp_path / "emb")
     assert sorted(p.name for p in (tmp_path / "emb").iterdir()) == [
-        "keys.npy", "manifest.json", "state.npy", "updated_at.npy", "weights.npy",
+        "keys.npy",
+        "manifest.json",
+        "state.npy",
+        "updated_at.npy",
+        "weights.npy",
     ]
     manifest = json.loads((tmp_path / "emb" / "manifest.json").read_text())
     assert manifest["format_version"] == FORMAT_VERSION
@@ -75,8 +79,13 @@ def test_pickled_arrays_are_never_loaded(tmp_path: Path) -> None:
 def test_a_failed_write_leaves_the_previous_snapshot(tmp_path: Path) -> None:
     table, keys = filled_memory_table(50)
     table.snapshot(tmp_path / "s")
-    bad = SnapshotData(SPEC, keys, np.zeros((len(keys), 8), np.float32),
-                       np.zeros((len(keys), 17), np.float32), np.zeros(len(keys)))
+    bad = SnapshotData(
+        SPEC,
+        keys,
+        np.zeros((len(keys), 8), np.float32),
+        np.zeros((len(keys), 17), np.float32),
+        np.zeros(len(keys)),
+    )
     object.__setattr__(bad, "weights", "not an array")  # fails while writing the files
     with pytest.raises(Exception):  # noqa: B017 - any failure will do
         write_snapshot(tmp_path / "s", bad)
@@ -120,7 +129,9 @@ def test_memory_snapshot_seeds_redis_and_back(tmp_path: Path, redis_client: redi
 
 
 @pytest.mark.redis
-def test_redis_restore_keeps_each_rows_remaining_ttl(tmp_path: Path, redis_client: redis.Redis) -> None:
+def test_redis_restore_keeps_each_rows_remaining_ttl(
+    tmp_path: Path, redis_client: redis.Redis
+) -> None:
     now = 1_700_000_000.0
     table = MemorySparseTable(SPEC, SparseSettings(ttl_s=100), clock=lambda: now)
     keys = np.array([1, 2], dtype=np.uint64)
@@ -128,8 +139,9 @@ def test_redis_restore_keeps_each_rows_remaining_ttl(tmp_path: Path, redis_clien
     data = table.export()
     import time
 
-    aged = SnapshotData(SPEC, data.keys, data.weights, data.state,
-                        np.array([time.time() - 90, time.time() - 10]))
+    aged = SnapshotData(
+        SPEC, data.keys, data.weights, data.state, np.array([time.time() - 90, time.time() - 10])
+    )
     write_snapshot(tmp_path / "s", aged)
     remote = RedisSparseTable(SPEC, SparseSettings(ttl_s=100), redis_client)
     assert remote.restore(tmp_path / "s") == 2

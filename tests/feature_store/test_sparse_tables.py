@@ -104,7 +104,9 @@ SETTINGS = {
 }
 
 
-def adagrad_reference(w: float, g_seq: list[float], s: dict[str, float]) -> tuple[float, list[float]]:
+def adagrad_reference(
+    w: float, g_seq: list[float], s: dict[str, float]
+) -> tuple[float, list[float]]:
     acc = s["adagrad_initial_accumulator"]
     for g in g_seq:
         acc += g * g
@@ -149,7 +151,9 @@ def expected_state(optimizer: str, per_weight: list[list[float]]) -> np.ndarray:
     if optimizer == "adagrad":
         return np.array([s[0] for s in per_weight])
     if optimizer == "adam":
-        return np.array([s[0] for s in per_weight] + [s[1] for s in per_weight] + [per_weight[0][2]])
+        return np.array(
+            [s[0] for s in per_weight] + [s[1] for s in per_weight] + [per_weight[0][2]]
+        )
     return np.array([s[0] for s in per_weight] + [s[1] for s in per_weight])
 
 
@@ -341,7 +345,10 @@ def test_models_and_tables_are_namespaced(backend: Backend) -> None:
     a = backend.table(spec, model="alpha")
     a.pull(keys, train=True)
     a.push(keys, np.ones((3, 4), dtype=np.float32))
-    for other in (backend.table(spec, model="beta"), backend.table(TableSpec("emb2", 4, "adagrad"), model="alpha")):
+    for other in (
+        backend.table(spec, model="beta"),
+        backend.table(TableSpec("emb2", 4, "adagrad"), model="alpha"),
+    ):
         assert not other.pull(keys).any()
         assert other.stats().rows == 0
         other.clear()
