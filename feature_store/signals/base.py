@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
@@ -46,6 +46,8 @@ EVENT_WEIGHTS: dict[EventType, float] = {
 
 POSITIVE_WATCH_RATIO = 0.3
 """A play counts as a positive engagement (co-visitation) from this watch ratio."""
+
+T = TypeVar("T")
 
 RESCALE_EXPONENT = 40.0
 """Half-lives past the landmark at which scores are rescaled (2**40 keeps float64 exact enough)."""
@@ -118,9 +120,9 @@ def covisit_increments(
     return pairs
 
 
-def interleave(lists: Sequence[Sequence[str]], limit: int) -> list[str]:
+def interleave(lists: Sequence[Sequence[T]], limit: int) -> list[T]:
     """Round-robin over ``lists`` (the first creator's newest, the second's, ...)."""
-    out: list[str] = []
+    out: list[T] = []
     depth = 0
     while len(out) < limit and any(depth < len(lst) for lst in lists):
         for lst in lists:

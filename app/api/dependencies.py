@@ -1,0 +1,16 @@
+"""FastAPI dependencies shared by the routers."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from app.service import Service
+from feature_store.errors import BackendUnavailable
+
+
+def get_service(request: Request) -> Service:
+    """The app's :class:`Service` (set by the lifespan)."""
+    service: Service | None = getattr(request.app.state, "service", None)
+    if service is None:
+        raise BackendUnavailable("the service is starting or stopping")
+    return service

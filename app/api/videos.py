@@ -1,0 +1,96 @@
+"""The catalog: batch upsert, read, hide and unhide."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from app.api.dependencies import get_service
+from app.api.events import batch_response, item_id
+from app.auth import require
+from app.schemas import BatchResult, ErrorBody, ItemError, VideoBatch, VideoOut
+from app.service import Service
+from feature_store.catalog.base import Video, validate_video
+from feature_store.errors import InvalidInput, NotFound, PayloadTooLarge
+from feature_store.events import check_id
+
+router = APIRouter(tags=["catalog"])
+
+
+@router.put(
+    "/v1/videos",
+    response_model=BatchResult,
+    dependencies=[Depends(require("write"))],
+    responses={401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+)
+def put_videos(
+    body: VideoBatch, service: Service = Depends(get_service)
+) -> BatchResult | JSONResponse:
+    """Insert or replace videos; same response shape and statuses as ``POST /v1/events``."""
+    settings = service.resources.settings
+    limit = settings.api.max_videos_per_batch
+    if len(body.videos) > limit:
+        raise PayloadTooLarge(f"videos: {len(body.videos)} videos, at most {limit} per batch")
+    valid: list[Video] = []
+    errors: list[ItemError] = []
+    for index, raw in enumerate(body.videos):
+        try:
+            valid.append(validate_video(raw, settings.limits))
+        except InvalidInput as exc:
+            errors.append(
+                ItemError(index=index, id=item_id(raw, "video_id"), field=exc.field,
+                          message=exc.reason)
+            )
+    if valid:
+        service.resources.catalog.upsert(valid)
+        service.signals.index_videos(valid)
+    return batch_response(
+        BatchResult(accepted=len(valid), rejected=len(errors), errors=errors), "videos"
+    )
+
+
+def _video_id(service: Service, video_id: str) -> str:
+    check_id("video_id", video_id, service.resources.settings.limits.max_id_length)
+    return video_id
+
+
+@router.get(
+    "/v1/videos/{video_id}",
+    response_model=VideoOut,
+    dependencies=[Depends(require("read"))],
+    responses={404: {"model": ErrorBody}},
+)
+def get_video(video_id: str, service: Service = Depends(get_service)) -> Video:
+    """One catalog record (hidden ones too, with ``hidden: true``)."""
+    video = service.resources.catalog.get(_video_id(service, video_id))
+    if video is None:
+        raise NotFound(f"video_id: {video_id!r} is not in the catalog")
+    return video
+
+
+def _set_hidden(service: Service, video_id: str, hidden: bool) -> Video:
+    video = service.resources.catalog.set_hidden(_video_id(service, video_id), hidden)
+    service.signals.index_videos([video])
+    return video
+
+
+@router.post(
+    "/v1/videos/{video_id}/hide",
+    response_model=VideoOut,
+    dependencies=[Depends(require("admin"))],
+    responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+def hide_video(video_id: str, service: Service = Depends(get_service)) -> Video:
+    """Never recommend this video again (until unhidden); takes effect on the next request."""
+    return _set_hidden(service, video_id, True)
+
+
+@router.post(
+    "/v1/videos/{video_id}/unhide",
+    response_model=VideoOut,
+    dependencies=[Depends(require("admin"))],
+    responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+)
+def unhide_video(video_id: str, service: Service = Depends(get_service)) -> Video:
+    """Make a hidden video recommendable again."""
+    return _set_hidden(service, video_id, False)

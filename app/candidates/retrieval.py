@@ -1,0 +1,97 @@
+"""The union of candidate sources: deduplicated, filtered and capped before scoring.
+
+Sources are interleaved round-robin (covisit, creators, trending, fresh), so
+the cap takes the best of each rather than all of the first; a video found
+by several sources keeps the first source's name. Filtering needs the
+catalog records anyway (they feed the features), so it costs one
+``get_many`` for the whole union: unknown and hidden videos, the user's
+already-seen videos and the request's filters (categories, longest duration)
+are dropped there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.candidates import sources
+from feature_store.activity.base import HistoryEntry
+from feature_store.catalog.base import CatalogStore, Video
+from feature_store.settings import ApiSettings
+from feature_store.signals.base import CandidateSignals, interleave
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A video to score and the source that proposed it."""
+
+    video: Video
+    source: str
+
+
+@dataclass(frozen=True)
+class CandidateFilter:
+    """What a request excludes."""
+
+    seen: frozenset[str] = frozenset()
+    categories: frozenset[str] | None = None
+    """Keep only these categories (None: any)."""
+    max_duration_ms: int | None = None
+
+    def keeps(self, video: Video) -> bool:
+        if video.hidden or video.video_id in self.seen:
+            return False
+        if self.categories is not None and video.category not in self.categories:
+            return False
+        return self.max_duration_ms is None or video.duration_ms <= self.max_duration_ms
+
+
+class Retriever:
+    """Finds candidates for a user from every source (see the module docstring)."""
+
+    def __init__(
+        self, catalog: CatalogStore, signals: CandidateSignals, settings: ApiSettings
+    ) -> None:
+        self.catalog = catalog
+        self.signals = signals
+        self.settings = settings
+
+    def retrieve(
+        self, history: Sequence[HistoryEntry], now_ms: int, personal: bool = True
+    ) -> list[tuple[str, str]]:
+        """``(video_id, source)`` pairs, deduplicated, in interleaved source order.
+
+        ``personal=False`` (unknown users, fallbacks) uses trending and fresh only.
+        """
+        limit = self.settings.source_limit
+        since = now_ms - int(self.settings.fresh_window_s * 1000)
+        named: list[tuple[str, list[str]]] = []
+        if personal and history:
+            window = self.settings.covisit_window
+            named.append((sources.COVISIT, sources.covisited(self.signals, history, window, limit)))
+            named.append(
+                (sources.CREATORS, sources.creators(self.signals, self.catalog, history, limit))
+            )
+        named.append((sources.TRENDING, sources.trending(self.signals, limit)))
+        named.append((sources.FRESH, sources.fresh(self.catalog, limit, since)))
+        tagged = [[(video, name) for video in ids] for name, ids in named]
+        seen: set[str] = set()
+        out: list[tuple[str, str]] = []
+        for video, name in interleave(tagged, sum(map(len, tagged))):
+            if video not in seen:
+                seen.add(video)
+                out.append((video, name))
+        return out
+
+    def resolve(
+        self, proposed: Sequence[tuple[str, str]], keep: CandidateFilter, cap: int
+    ) -> list[Candidate]:
+        """Catalog records of the proposed ids that pass ``keep``, at most ``cap``."""
+        videos = self.catalog.get_many([video_id for video_id, _ in proposed])
+        out: list[Candidate] = []
+        for (_, source), video in zip(proposed, videos, strict=True):
+            if video is not None and keep.keeps(video):
+                out.append(Candidate(video, source))
+                if len(out) >= cap:
+                    break
+        return out

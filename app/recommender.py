@@ -1,0 +1,246 @@
+"""The recommend use case: candidates, filters, scoring, top-K, and the fallbacks.
+
+Normal path: the user's history (one read), candidates (given, or retrieved
+from the sources), one catalog ``get_many`` to filter them, the videos'
+counters (one read), then :class:`~app.scoring.scorer.Scorer` and a top-K.
+
+Fallbacks (``fallback: true`` in the response, counted by reason):
+
+- ``unknown_user``: no history, so the personal sources are skipped and the
+  candidates are trending and fresh uploads (still ranked by the model);
+- ``no_model``: no version loaded yet; candidates keep their source order;
+- ``degraded``: a backend (Redis, the sparse tables) failed mid-request; the
+  answer comes from an in-process popular list refreshed every few seconds
+  while the backends were up (:class:`PopularList`), never a 500. Nothing
+  about this is sticky: the next request tries the normal path again, so
+  service recovers by itself when the backend returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+import redis
+
+from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
+from app.candidates.sources import REQUEST
+from app.metrics import Metrics
+from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
+from app.scoring.onnx_model import LoadedModel, ModelHolder
+from app.scoring.scorer import Scorer
+from feature_store.activity.base import ActivityStore
+from feature_store.errors import BackendUnavailable, InvalidInput
+from feature_store.events import check_id
+from feature_store.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+BACKEND_ERRORS = (BackendUnavailable, redis.RedisError, ConnectionError, TimeoutError)
+"""Failures that mean "a backend is down", answered by the degraded fallback."""
+
+
+class PopularList:
+    """Trending and fresh videos kept in memory for the degraded fallback.
+
+    Refreshed by :meth:`maybe_refresh` (from a background thread) at most
+    every ``refresh_s``; a failed refresh keeps the previous list.
+    """
+
+    def __init__(self, retriever: Retriever, size: int, refresh_s: float) -> None:
+        self.retriever = retriever
+        self.size = size
+        self.refresh_s = refresh_s
+        self.items: list[Candidate] = []
+        self.refreshed_at = 0.0
+
+    def refresh(self) -> None:
+        now_ms = int(time.time() * 1000)
+        proposed = self.retriever.retrieve((), now_ms, personal=False)
+        self.items = self.retriever.resolve(proposed, CandidateFilter(), self.size)
+        self.refreshed_at = time.monotonic()
+
+    def maybe_refresh(self) -> None:
+        if time.monotonic() - self.refreshed_at < self.refresh_s:
+            return
+        try:
+            self.refresh()
+        except BACKEND_ERRORS as exc:
+            log.warning("popular list refresh failed (keeping %d items): %s", len(self.items), exc)
+            self.refreshed_at = time.monotonic()
+
+
+class Recommender:
+    """Answers :class:`RecommendRequest` (see the module docstring)."""
+
+    def __init__(
+        self,
+        activity: ActivityStore,
+        retriever: Retriever,
+        scorer: Scorer,
+        holder: ModelHolder,
+        popular: PopularList,
+        metrics: Metrics,
+        settings: ApiSettings,
+        max_id_length: int,
+    ) -> None:
+        self.activity = activity
+        self.retriever = retriever
+        self.scorer = scorer
+        self.holder = holder
+        self.popular = popular
+        self.metrics = metrics
+        self.settings = settings
+        self.max_id_length = max_id_length
+
+    def validate(self, request: RecommendRequest) -> int:
+        """Check what the model cannot (ids, sizes); returns the item count wanted."""
+        check_id("user_id", request.user_id, self.max_id_length)
+        count = request.count or self.settings.default_count
+        if count > self.settings.max_count:
+            raise InvalidInput("count", f"must be at most {self.settings.max_count}")
+        if request.candidates is not None:
+            if len(request.candidates) > self.settings.max_candidates:
+                raise InvalidInput(
+                    "candidates", f"at most {self.settings.max_candidates} video ids"
+                )
+            for i, video_id in enumerate(request.candidates):
+                check_id(f"candidates.{i}", video_id, self.max_id_length)
+        return count
+
+    def recommend(self, request: RecommendRequest) -> RecommendResponse:
+        count = self.validate(request)
+        started = time.perf_counter()
+        model = self.holder.current  # read once: in-flight requests keep their version
+        try:
+            response = self._recommend(request, count, model)
+        except BACKEND_ERRORS as exc:
+            log.warning("recommend degraded: %s", exc)
+            response = self._degraded(request, count, model)
+        if response.fallback_reason is not None:
+            self.metrics.fallbacks.labels(response.fallback_reason).inc()
+        self.metrics.observe_stage("total", time.perf_counter() - started)
+        return response
+
+    def _recommend(
+        self, request: RecommendRequest, count: int, model: LoadedModel | None
+    ) -> RecommendResponse:
+        t0 = time.perf_counter()
+        now_ms = int(time.time() * 1000)
+        history = self.activity.history(request.user_id)
+        known = bool(history)
+        if request.candidates is not None:
+            proposed = [(video, REQUEST) for video in dict.fromkeys(request.candidates)]
+        else:
+            proposed = self.retriever.retrieve(history, now_ms, personal=known)
+        f = request.filters
+        keep = CandidateFilter(
+            seen=frozenset(h.video_id for h in history) if request.exclude_seen else frozenset(),
+            categories=frozenset(f.categories) if f.categories is not None else None,
+            max_duration_ms=f.max_duration_ms,
+        )
+        candidates = self.retriever.resolve(proposed, keep, self.settings.max_candidates)
+        self.metrics.observe_stage("candidates", time.perf_counter() - t0)
+        self.metrics.candidates.observe(len(candidates))
+        reason = None if known or request.candidates is not None else "unknown_user"
+        if model is None:
+            scores = 1.0 / (1.0 + np.arange(len(candidates), dtype=np.float32))
+            return self._respond(candidates, scores, count, None, "no_model", zero=True)
+        videos = [c.video for c in candidates]
+        stats = self.activity.video_stats([v.video_id for v in videos])
+        scores = self.scorer.score(
+            model, request.user_id, now_ms, request.context, history, videos, stats
+        )
+        return self._respond(candidates, scores, count, model.version, reason)
+
+    def _respond(
+        self,
+        candidates: Sequence[Candidate],
+        scores: np.ndarray,
+        count: int,
+        version: str | None,
+        reason: str | None,
+        zero: bool = False,
+        degraded: bool = False,
+    ) -> RecommendResponse:
+        k = min(count, len(candidates))
+        if k < len(candidates):
+            top = np.argpartition(-scores, k - 1)[:k]
+            order = top[np.argsort(-scores[top], kind="stable")]
+        else:
+            order = np.argsort(-scores, kind="stable")
+        items = [
+            RecommendItem(
+                video_id=candidates[i].video.video_id,
+                score=0.0 if zero else float(scores[i]),
+                source=candidates[i].source,
+            )
+            for i in order.tolist()
+        ]
+        return RecommendResponse(
+            recommendation_id=uuid.uuid4().hex,
+            model_version=version,
+            items=items,
+            fallback=reason is not None,
+            fallback_reason=reason,
+            degraded=degraded,
+        )
+
+    def _degraded(
+        self, request: RecommendRequest, count: int, model: LoadedModel | None
+    ) -> RecommendResponse:
+        """Popular videos from memory (or the caller's candidates in their order)."""
+        if request.candidates is not None:
+            items = [
+                RecommendItem(video_id=video, score=0.0, source=REQUEST)
+                for video in list(dict.fromkeys(request.candidates))[:count]
+            ]
+        else:
+            items = [
+                RecommendItem(video_id=c.video.video_id, score=0.0, source=c.source)
+                for c in self.popular.items
+                if _passes(c, request)
+            ][:count]
+        return RecommendResponse(
+            recommendation_id=uuid.uuid4().hex,
+            model_version=model.version if model else None,
+            items=items,
+            fallback=True,
+            fallback_reason="degraded",
+            degraded=True,
+        )
+
+
+def _passes(candidate: Candidate, request: RecommendRequest) -> bool:
+    f = request.filters
+    return CandidateFilter(
+        categories=frozenset(f.categories) if f.categories is not None else None,
+        max_duration_ms=f.max_duration_ms,
+    ).keeps(candidate.video)
+
+
+class PopularRefresher:
+    """Background thread refreshing a :class:`PopularList`."""
+
+    def __init__(self, popular: PopularList) -> None:
+        self.popular = popular
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vidrec-popular", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(min(1.0, self.popular.refresh_s)):
+            try:
+                self.popular.maybe_refresh()
+            except Exception:
+                log.exception("popular refresh failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -1,0 +1,102 @@
+"""Request and response bodies of the HTTP API (what ``/docs`` shows).
+
+Every request model forbids unknown fields, so a typo is a 422 naming the
+field rather than a silently ignored option. Events and videos arrive as raw
+JSON objects and are validated one by one (``feature_store.events``,
+``feature_store.catalog``), so one bad item does not sink its batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from feature_store.catalog.base import Video
+from feature_store.events import EventContext
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Filters(_Request):
+    categories: list[str] | None = Field(None, max_length=100)
+    """Only videos of these categories."""
+    max_duration_ms: int | None = Field(None, gt=0)
+    """Only videos at most this long, ms."""
+
+
+class RecommendRequest(_Request):
+    user_id: str = Field(min_length=1, max_length=1024)
+    count: int | None = Field(None, ge=1)
+    """Items wanted (default ``api.default_count``, at most ``api.max_count``)."""
+    candidates: list[str] | None = None
+    """Video ids to rank; without them the service retrieves its own."""
+    context: EventContext = EventContext()
+    exclude_seen: bool = True
+    """Drop videos in the user's recent history."""
+    filters: Filters = Filters()
+
+
+class RecommendItem(BaseModel):
+    video_id: str
+    score: float
+    """Predicted probability of a positive outcome (0..1); 0 in fallbacks without a model."""
+    source: str
+    """Candidate source: covisit, creators, trending, fresh or request."""
+
+
+class RecommendResponse(BaseModel):
+    recommendation_id: str
+    """Pass back in events as ``recommendation_id`` to attribute them."""
+    model_version: str | None
+    """Model that ranked the items; None when no model was available."""
+    items: list[RecommendItem]
+    fallback: bool = False
+    """True when the normal path could not be used (see ``fallback_reason``)."""
+    fallback_reason: str | None = None
+    """``unknown_user``, ``no_model`` or ``degraded`` (a backend is down)."""
+    degraded: bool = False
+    """True when a backend failed and the items come from an in-process popular list."""
+
+
+class EventBatch(_Request):
+    events: list[Any] = Field(description="Event objects (see the Event schema).")
+
+
+class ItemError(BaseModel):
+    index: int
+    """Position of the rejected item in the request's list."""
+    id: str | None
+    """Its ``event_id`` / ``video_id`` when it had a readable one."""
+    field: str
+    """Dotted path of the offending field (``ts``, ``context.device``...)."""
+    message: str
+
+
+class BatchResult(BaseModel):
+    """Answer to a batch write: 200 when at least one item was kept, else 422.
+
+    ``accepted`` items were written (events: durable in the event log);
+    ``errors`` lists every rejected item with its index and the field at fault.
+    """
+
+    accepted: int
+    rejected: int
+    errors: list[ItemError]
+
+
+class VideoBatch(_Request):
+    videos: list[Any] = Field(description="Video objects (see the Video schema).")
+
+
+class VideoOut(Video):
+    """A catalog record as returned by ``GET /v1/videos/{id}``."""
+
+
+class ErrorBody(BaseModel):
+    error: str
+    """Error class: InvalidInput, PayloadTooLarge, NotFound, Unauthorized, ..."""
+    message: str
+    field: str | None = None

@@ -1,0 +1,262 @@
+"""Loading exported models into ONNX Runtime, and swapping them while serving.
+
+:func:`load_model` opens one registry version: checks its manifest against
+the server's schema and sparse-table family, creates a session on the
+preferred execution provider (CUDA when asked or ``auto`` and usable, else
+CPU; the provider *actually* in use is what the session reports, because
+onnxruntime-gpu quietly falls back to CPU when no GPU is present), and warms
+every batch-size bucket so that no request pays for a first run.
+
+:class:`ModelHolder` keeps the serving model and a background thread that
+polls the registry's ``ACTIVE`` pointer. A new active version is loaded and
+warmed on that thread, off the request path, then published by one reference
+assignment (atomic in CPython): a request reads ``holder.current`` once and
+scores with that :class:`LoadedModel` to the end, so in-flight requests
+finish on the old version. A version that fails to load is logged, counted,
+and remembered (not retried until the pointer moves), and the old one keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+
+from feature_store import model_io
+from feature_store.errors import ConfigurationError, NotFound, VidrecError
+from feature_store.features.extract import BatchFeatures
+from feature_store.features.schema import FeatureSchema
+from feature_store.registry import Manifest, ModelRegistry
+from feature_store.settings import ApiSettings
+
+log = logging.getLogger(__name__)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+class ModelLoadError(VidrecError):
+    """A registry version that cannot be served (bad file, schema or family)."""
+
+    http_status = 503
+
+
+@dataclass
+class LoadedModel:
+    """One warmed ONNX session and what it is."""
+
+    version: str
+    manifest: Manifest
+    session: ort.InferenceSession
+    provider: str
+    """Execution provider in use, e.g. ``CPUExecutionProvider``."""
+    buckets: tuple[int, ...]
+    loaded_at_ms: int
+    load_seconds: float
+    warmup_seconds: float
+    input_names: list[str] = field(default_factory=list)
+
+    def bucket(self, batch: int) -> int:
+        """The warmed batch size a batch of ``batch`` rows is padded to."""
+        for size in self.buckets:
+            if size >= batch:
+                return size
+        return batch
+
+    def run(self, feed: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
+        """Scores for a feed built by :func:`feature_store.model_io.build_feed`."""
+        (scores,) = self.session.run([model_io.SCORE], feed)
+        return np.asarray(scores, dtype=np.float32)
+
+
+def pad_batch(batch: BatchFeatures, size: int) -> BatchFeatures:
+    """``batch`` grown to ``size`` rows by repeating row 0 (its scores are discarded).
+
+    Row 0's indices are valid for every input (including the wide part, which
+    has no padding row), so the padded run computes nothing out of range.
+    """
+    extra = size - batch.batch_size
+    if extra <= 0:
+        return batch
+
+    def grow(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        return np.concatenate([array, np.repeat(array[:1], extra, axis=0)], axis=0)
+
+    return BatchFeatures(
+        size,
+        batch.table_keys,
+        {name: grow(idx) for name, idx in batch.column_indices.items()},
+        batch.wide_keys,
+        grow(batch.wide_indices),
+        grow(batch.dense),
+    )
+
+
+def session_options(settings: ApiSettings) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = settings.intra_op_threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only: the CUDA fallback warning is reported by us
+    return options
+
+
+def provider_preference(preference: str) -> list[str]:
+    """Providers to ask for, best first (``cuda`` still falls back to CPU)."""
+    available = ort.get_available_providers()
+    if preference == "cpu" or CUDA not in available:
+        return [CPU]
+    return [CUDA, CPU]
+
+
+def check_manifest(manifest: Manifest, schema: FeatureSchema, family: str) -> None:
+    """Refuse a version whose keys would not mean what this server computes."""
+    if manifest.schema_hash != schema.schema_hash():
+        raise ModelLoadError(
+            f"version {manifest.version}: schema_hash {manifest.schema_hash} != "
+            f"server's {schema.schema_hash()}"
+        )
+    if manifest.family != family:
+        raise ModelLoadError(
+            f"version {manifest.version}: family {manifest.family!r} but this server reads "
+            f"the sparse tables of {family!r}"
+        )
+
+
+def load_model(
+    registry: ModelRegistry,
+    version: str,
+    schema: FeatureSchema,
+    family: str,
+    settings: ApiSettings,
+    warm: Callable[[LoadedModel, int], None],
+) -> LoadedModel:
+    """Open ``version`` and warm every bucket with ``warm(model, batch_size)``."""
+    started = time.perf_counter()
+    try:
+        manifest = registry.manifest(version)
+        check_manifest(manifest, schema, family)
+        path = registry.model_path(version)
+        session = ort.InferenceSession(
+            str(path),
+            sess_options=session_options(settings),
+            providers=provider_preference(settings.onnx_provider),
+        )
+    except (NotFound, ModelLoadError):
+        raise
+    except Exception as exc:  # onnxruntime raises its own unrelated types
+        raise ModelLoadError(f"version {version}: cannot load: {exc}") from exc
+    names = [i.name for i in session.get_inputs()]
+    expected = model_io.input_names(schema)
+    if sorted(names) != sorted(expected):
+        raise ModelLoadError(f"version {version}: inputs {names} != expected {expected}")
+    provider = session.get_providers()[0]
+    if settings.onnx_provider == "cuda" and provider != CUDA:
+        log.warning("CUDA execution provider requested but unusable; serving on %s", provider)
+    loaded = LoadedModel(
+        version=version,
+        manifest=manifest,
+        session=session,
+        provider=provider,
+        buckets=tuple(settings.batch_buckets),
+        loaded_at_ms=int(time.time() * 1000),
+        load_seconds=time.perf_counter() - started,
+        warmup_seconds=0.0,
+        input_names=names,
+    )
+    warm_started = time.perf_counter()
+    try:
+        for size in loaded.buckets:
+            for _ in range(2):
+                warm(loaded, size)
+    except Exception as exc:
+        raise ModelLoadError(f"version {version}: warm-up failed: {exc}") from exc
+    loaded.warmup_seconds = time.perf_counter() - warm_started
+    return loaded
+
+
+class ModelHolder:
+    """The serving model plus a thread that hot-swaps it (see the module docstring)."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        loader: Callable[[str], LoadedModel],
+        poll_interval_s: float,
+        on_swap: Callable[[LoadedModel], None] | None = None,
+        on_failure: Callable[[str, Exception], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.loader = loader
+        self.poll_interval_s = poll_interval_s
+        self.on_swap = on_swap
+        self.on_failure = on_failure
+        self.current: LoadedModel | None = None
+        """The model new requests use; read once per request."""
+        self.failed: dict[str, str] = {}
+        """Versions that failed to load, with the reason (not retried)."""
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def poll_once(self) -> bool:
+        """Load the active version if it is new; True when a swap happened."""
+        with self._lock:
+            try:
+                active = self.registry.active()
+            except OSError as exc:
+                self.last_error = f"registry unreadable: {exc}"
+                return False
+            current = self.current
+            if active is None or active in self.failed:
+                return False
+            if current is not None and current.version == active:
+                return False
+            try:
+                loaded = self.loader(active)
+            except (VidrecError, ConfigurationError) as exc:
+                self.failed[active] = str(exc)
+                self.last_error = str(exc)
+                log.error("model %s failed to load; keeping %s: %s", active,
+                          current.version if current else None, exc)
+                if self.on_failure is not None:
+                    self.on_failure(active, exc)
+                return False
+            self.current = loaded
+            self.last_error = None
+            log.info(
+                "serving model %s on %s (load %.3f s, warm-up %.3f s)",
+                loaded.version, loaded.provider, loaded.load_seconds, loaded.warmup_seconds,
+            )
+            if self.on_swap is not None:
+                self.on_swap(loaded)
+            return True
+
+    def start(self) -> None:
+        """Load the active version now (if any), then keep polling in the background."""
+        self.poll_once()
+        self._thread = threading.Thread(target=self._loop, name="vidrec-model-poll", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.poll_once()
+            except Exception:  # the poller must outlive any surprise
+                log.exception("model poll failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None

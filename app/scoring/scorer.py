@@ -1,0 +1,141 @@
+"""Scoring candidates for one user: features, one pull per table, one ONNX run.
+
+Per request: the candidates' features are extracted in one vectorised pass
+(:mod:`app.scoring.features`); each embedding table's *unique* keys, and the
+wide keys, are pulled once (weights only, ``train=False``: an unknown key is
+a zero row) into the temporary embedding matrices the model takes as inputs;
+:func:`feature_store.model_io.build_feed` assembles the feed; the batch is
+padded to its warmed bucket and scored by one ``session.run``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from app.scoring.features import RequestFeatureExtractor
+from app.scoring.onnx_model import LoadedModel, pad_batch
+from feature_store import model_io
+from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.catalog.base import Video
+from feature_store.events import EventContext
+from feature_store.features.extract import BatchFeatures
+from feature_store.features.schema import WIDE_TABLE, FeatureSchema
+from feature_store.sparse.base import SparseTable
+
+StageObserver = Callable[[str, float], None]
+"""Receives ``(stage, seconds)`` for the per-stage latency histograms."""
+
+WARMUP_TS_MS = 1_700_000_000_000
+
+
+class Scorer:
+    """Scores (user, candidates) with a :class:`LoadedModel`. Thread-safe."""
+
+    def __init__(
+        self,
+        schema: FeatureSchema,
+        tables: Mapping[str, SparseTable],
+        observe: StageObserver | None = None,
+    ) -> None:
+        self.schema = schema
+        self.tables = tables
+        self.observe = observe or (lambda stage, seconds: None)
+        self._local = threading.local()
+
+    @property
+    def extractor(self) -> RequestFeatureExtractor:
+        """This thread's extractor (key hashers and the per-video cache are not shared)."""
+        extractor: RequestFeatureExtractor | None = getattr(self._local, "extractor", None)
+        if extractor is None:
+            extractor = self._local.extractor = RequestFeatureExtractor(self.schema)
+        return extractor
+
+    def features(
+        self,
+        user_id: str,
+        ts_ms: int,
+        context: EventContext,
+        history: Sequence[HistoryEntry],
+        videos: Sequence[Video],
+        stats: Sequence[VideoStats],
+    ) -> BatchFeatures:
+        return self.extractor.extract_request(user_id, ts_ms, context, history, videos, stats)
+
+    def pull(
+        self, batch: BatchFeatures
+    ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
+        """Weights of the batch's unique keys: one pull per table, plus the wide table."""
+        rows = {
+            table: self.tables[table].pull(keys, train=False)
+            for table, keys in batch.table_keys.items()
+        }
+        wide = self.tables[WIDE_TABLE].pull(batch.wide_keys, train=False)
+        return rows, wide
+
+    def run(
+        self,
+        model: LoadedModel,
+        batch: BatchFeatures,
+        rows: dict[str, npt.NDArray[np.float32]],
+        wide: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.float32]:
+        """One ONNX run over the batch padded to its bucket; scores of the real rows."""
+        padded = pad_batch(batch, model.bucket(batch.batch_size))
+        feed = model_io.build_feed(self.schema, padded, rows, wide)
+        return model.run(feed)[: batch.batch_size]
+
+    def score(
+        self,
+        model: LoadedModel,
+        user_id: str,
+        ts_ms: int,
+        context: EventContext,
+        history: Sequence[HistoryEntry],
+        videos: Sequence[Video],
+        stats: Sequence[VideoStats],
+    ) -> npt.NDArray[np.float32]:
+        """Predicted positive-outcome probability per video, in the order given."""
+        if not videos:
+            return np.zeros(0, dtype=np.float32)
+        t0 = time.perf_counter()
+        batch = self.features(user_id, ts_ms, context, history, videos, stats)
+        t1 = time.perf_counter()
+        rows, wide = self.pull(batch)
+        t2 = time.perf_counter()
+        scores = self.run(model, batch, rows, wide)
+        t3 = time.perf_counter()
+        self.observe("features", t1 - t0)
+        self.observe("pull", t2 - t1)
+        self.observe("onnx", t3 - t2)
+        return scores
+
+    def warm(self, model: LoadedModel, size: int) -> None:
+        """Run ``model`` once on a synthetic batch of ``size`` rows (zero weights, no pulls)."""
+        extractor = RequestFeatureExtractor(self.schema)
+        videos = [
+            Video(
+                video_id=f"warmup-{i}",
+                creator_id=f"warmup-c{i % 7}",
+                category=f"warmup-{i % 3}",
+                tags=("warmup",),
+                duration_ms=60_000,
+                uploaded_at=WARMUP_TS_MS,
+            )
+            for i in range(size)
+        ]
+        history = [HistoryEntry(video_id=f"warmup-{i}", watch_ratio=1.0, ts=0) for i in range(3)]
+        batch = extractor.extract_request(
+            "warmup", WARMUP_TS_MS, EventContext(), history, videos, [VideoStats()] * size
+        )
+        dims = self.schema.table_dims()
+        rows = {
+            t: np.zeros((len(keys), dims[t]), dtype=np.float32)
+            for t, keys in batch.table_keys.items()
+        }
+        wide = np.zeros((len(batch.wide_keys), 1), dtype=np.float32)
+        self.run(model, batch, rows, wide)

@@ -1,0 +1,101 @@
+"""The live parts of one service instance, opened and closed together.
+
+:func:`open_service` builds, over an open :class:`~feature_store.runtime.Resources`,
+everything a request needs: the candidate signals, the scorer, the model
+holder (with its hot-swap thread), the popular list for the degraded
+fallback, the recommender and the metrics. It is a context manager so that
+the lifespan in :mod:`app.main` closes every thread it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from app.candidates.retrieval import Retriever
+from app.metrics import Metrics
+from app.recommender import PopularList, PopularRefresher, Recommender
+from app.scoring.onnx_model import LoadedModel, ModelHolder, load_model
+from app.scoring.scorer import Scorer
+from feature_store.events import EventValidator
+from feature_store.runtime import Resources
+from feature_store.signals import CandidateSignals, attach_signals
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Service:
+    """What the routes use; one per app, on ``app.state.service``."""
+
+    resources: Resources
+    signals: CandidateSignals
+    metrics: Metrics
+    scorer: Scorer
+    holder: ModelHolder
+    retriever: Retriever
+    popular: PopularList
+    recommender: Recommender
+    validator: EventValidator
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def model(self) -> LoadedModel | None:
+        return self.holder.current
+
+
+@contextmanager
+def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterator[Service]:
+    """Build the service over ``resources``; load the active model; start background threads."""
+    settings = resources.settings
+    api = settings.api
+    metrics = metrics or Metrics()
+    signals = attach_signals(resources)
+    scorer = Scorer(resources.schema, resources.tables, metrics.observe_stage)
+    family = settings.sparse.model_name
+
+    def loader(version: str) -> LoadedModel:
+        return load_model(resources.registry, version, resources.schema, family, api, scorer.warm)
+
+    holder = ModelHolder(
+        resources.registry,
+        loader,
+        api.model_poll_interval_s,
+        on_swap=lambda m: metrics.set_model(m.version, m.provider, m.warmup_seconds),
+        on_failure=lambda version, exc: metrics.model_load_failures.inc(),
+    )
+    retriever = Retriever(resources.catalog, signals, api)
+    popular = PopularList(retriever, api.max_candidates, api.fallback_refresh_s)
+    recommender = Recommender(
+        resources.activity, retriever, scorer, holder, popular, metrics, api,
+        settings.limits.max_id_length,
+    )
+    service = Service(
+        resources=resources,
+        signals=signals,
+        metrics=metrics,
+        scorer=scorer,
+        holder=holder,
+        retriever=retriever,
+        popular=popular,
+        recommender=recommender,
+        validator=EventValidator(settings.limits),
+    )
+    holder.start()
+    popular.maybe_refresh()
+    refresher = PopularRefresher(popular)
+    refresher.start()
+    model = holder.current
+    log.info(
+        "service ready to take requests: model %s on %s",
+        model.version if model else None,
+        model.provider if model else "-",
+    )
+    try:
+        yield service
+    finally:
+        refresher.close()
+        holder.close()

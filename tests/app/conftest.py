@@ -1,0 +1,76 @@
+"""Fixtures of the service tests: settings, an exported model, a running app."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import warnings
+
+import pytest
+
+with warnings.catch_warnings():
+    # starlette nudges towards httpx2; the httpx-based client still works.
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from app.main import create_app
+from feature_store.features.schema import FeatureSchema
+from feature_store.registry import ModelRegistry
+from feature_store.settings import Settings
+
+KEY = {"X-API-Key": "vidrec-dev-key"}
+"""Headers carrying the development write/admin key."""
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Embedded (memory) settings with fast model polling and small warm-up buckets."""
+    api = {"model_poll_interval_s": 0.05, "batch_buckets": (16, 128, 512), "fallback_refresh_s": 0.2}
+    api.update(overrides.pop("api", {}))
+    return Settings(data_dir=data_dir, api=api, **overrides)
+
+
+def publish_model(
+    registry: ModelRegistry, schema: FeatureSchema, *, family: str = "main", seed: int = 0,
+    activate: bool = True,
+) -> str:
+    """A real exported WideDeep version (untrained), published like the trainer does."""
+    import torch
+
+    from trainer.export import publish
+    from trainer.model import WideDeep
+
+    torch.manual_seed(seed)
+    time.sleep(0.002)  # version names carry milliseconds
+    return publish(
+        registry, WideDeep(schema, hidden=(32, 16)), schema, family=family,
+        training_position={}, metrics={}, activate=activate, keep=20,
+    )
+
+
+def wait_for(predicate: Any, timeout_s: float = 10.0, interval_s: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path / "data")
+
+
+@pytest.fixture()
+def client(settings: Settings) -> Iterator[TestClient]:
+    """A running embedded app (memory backends), no model yet."""
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+def service_of(client: TestClient) -> Any:
+    return client.app.state.service  # type: ignore[attr-defined]

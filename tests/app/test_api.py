@@ -1,0 +1,272 @@
+"""The HTTP API over the embedded backends: catalog, events, recommend, errors, health."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.app.conftest import KEY, publish_model, service_of, wait_for
+from tests.factories import make_event, make_video
+
+
+def video_json(**overrides: Any) -> dict[str, Any]:
+    now = int(time.time() * 1000)
+    return json.loads(make_video(uploaded_at=now - 60_000, **overrides).model_dump_json())
+
+
+def event_json(**overrides: Any) -> dict[str, Any]:
+    now = int(time.time() * 1000)
+    fields: dict[str, Any] = {"ts": now - 1000}
+    fields.update(overrides)
+    return json.loads(make_event(**fields).model_dump_json(exclude_none=True))
+
+
+def put_videos(client: TestClient, videos: list[dict[str, Any]]) -> None:
+    response = client.put("/v1/videos", json={"videos": videos}, headers=KEY)
+    assert response.status_code == 200, response.text
+    assert response.json()["accepted"] == len(videos)
+
+
+def with_model(client: TestClient) -> str:
+    service = service_of(client)
+    version = publish_model(service.resources.registry, service.resources.schema)
+    wait_for(lambda: service.model is not None and service.model.version == version)
+    return version
+
+
+# --- catalog ----------------------------------------------------------------
+
+
+def test_catalog_upsert_get_hide_unhide(client: TestClient) -> None:
+    video = video_json(video_id="clip1", category="music")
+    put_videos(client, [video])
+    got = client.get("/v1/videos/clip1")
+    assert got.status_code == 200 and got.json()["category"] == "music"
+    assert client.post("/v1/videos/clip1/hide", headers=KEY).json()["hidden"] is True
+    assert client.get("/v1/videos/clip1").json()["hidden"] is True
+    assert client.post("/v1/videos/clip1/unhide", headers=KEY).json()["hidden"] is False
+
+
+def test_unknown_video_is_404_naming_it(client: TestClient) -> None:
+    response = client.get("/v1/videos/nope")
+    assert response.status_code == 404
+    assert "nope" in response.json()["message"]
+    assert client.post("/v1/videos/nope/hide", headers=KEY).status_code == 404
+
+
+def test_writes_need_a_key_and_admin_needs_the_admin_key(tmp_path: Any) -> None:
+    from app.main import create_app
+    from tests.app.conftest import make_settings
+
+    settings = make_settings(tmp_path, api={"api_key": "writer-key", "admin_key": "admin-key"})
+    with TestClient(create_app(settings)) as client:
+        body = {"videos": [video_json(video_id="k1")]}
+        assert client.put("/v1/videos", json=body).status_code == 401
+        assert client.put("/v1/videos", json=body, headers={"X-API-Key": "wrong"}).status_code == 401
+        ok = client.put("/v1/videos", json=body, headers={"Authorization": "Bearer writer-key"})
+        assert ok.status_code == 200
+        assert client.post("/v1/videos/k1/hide", headers={"X-API-Key": "writer-key"}).status_code == 401
+        assert client.post("/v1/videos/k1/hide", headers={"X-API-Key": "admin-key"}).status_code == 200
+        # Reads are open unless a read key is configured.
+        assert client.post("/v1/recommend", json={"user_id": "u1"}).status_code == 200
+
+
+# --- bad input --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        (b"{not json", 422, "body"),
+        (b'{"user_id": "u1", "count": "many"}', 422, "count"),
+        (b'{"user_id": "u1", "colour": "red"}', 422, "colour"),
+        (b'{"user_id": "u1", "count": 501}', 422, "count"),
+        (b'{"user_id": "u1", "count": 0}', 422, "count"),
+        (b'{"user_id": "bad id with spaces"}', 422, "user_id"),
+        (b'{"count": 3}', 422, "user_id"),
+        (b'{"user_id": "u1", "context": {"device": 7}}', 422, "context.device"),
+        (b'{"user_id": "u1", "filters": {"max_duration_ms": -1}}', 422, "filters.max_duration_ms"),
+        (b'[1, 2]', 422, "body"),
+    ],
+)
+def test_bad_recommend_requests_are_4xx_naming_the_field(
+    client: TestClient, body: bytes, status: int, field: str
+) -> None:
+    response = client.post(
+        "/v1/recommend", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == status, response.text
+    assert response.json()["field"] == field
+    assert response.json()["error"] == "InvalidInput"
+
+
+def test_too_many_candidates_is_4xx(client: TestClient) -> None:
+    body = {"user_id": "u1", "candidates": [f"v{i}" for i in range(501)]}
+    response = client.post("/v1/recommend", json=body)
+    assert response.status_code == 422
+    assert response.json()["field"] == "candidates"
+
+
+def test_oversize_body_is_413_before_parsing(client: TestClient) -> None:
+    big = b'{"events": [' + b"1," * 2_000_000 + b"1]}"
+    response = client.post(
+        "/v1/events", content=big, headers={**KEY, "content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert response.json()["error"] == "PayloadTooLarge"
+
+
+def test_oversize_event_batch_is_413_naming_events(client: TestClient) -> None:
+    events = [event_json(event_id=f"e-big-{i}") for i in range(1001)]
+    response = client.post("/v1/events", json={"events": events}, headers=KEY)
+    assert response.status_code == 413
+    assert response.json()["message"].startswith("events:")
+
+
+def test_good_events_next_to_bad_ones_are_kept(client: TestClient) -> None:
+    good = [event_json(event_id="good-1"), event_json(event_id="good-2", type="like")]
+    bad = [
+        {**event_json(event_id="bad-type"), "type": "teleport"},
+        {**event_json(event_id="bad-field"), "mood": "happy"},
+        {**event_json(event_id="bad-ts"), "ts": "yesterday"},
+        "not an object",
+        {**event_json(event_id="bad-watch"), "watch_ms": -5},
+    ]
+    body = {"events": [good[0], bad[0], bad[1], good[1], bad[2], bad[3], bad[4]]}
+    response = client.post("/v1/events", json=body, headers=KEY)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert (result["accepted"], result["rejected"]) == (2, 5)
+    by_index = {e["index"]: e for e in result["errors"]}
+    assert by_index[1]["field"] == "type" and by_index[1]["id"] == "bad-type"
+    assert by_index[2]["field"] == "mood" and by_index[2]["message"] == "unknown field"
+    assert by_index[4]["field"] == "ts"
+    assert by_index[5]["field"] == "body" and by_index[5]["id"] is None
+    assert by_index[6]["field"] == "watch_ms"
+    # The good ones are in the event log.
+    log = service_of(client).resources.event_log
+    with log.consumer("test-reader") as consumer:
+        consumer.seek_to_beginning()
+        records = consumer.poll(100, 1.0)
+    assert sorted(r.event.event_id for r in records) == ["good-1", "good-2"]
+
+
+def test_all_bad_events_is_422_naming_the_first_field(client: TestClient) -> None:
+    body = {"events": [{**event_json(event_id="x1"), "ts": 5}]}
+    response = client.post("/v1/events", json=body, headers=KEY)
+    assert response.status_code == 422
+    assert response.json()["field"] == "events.0.ts"
+    assert response.json()["rejected"] == 1
+
+
+def test_bad_video_batch_keeps_good_videos(client: TestClient) -> None:
+    body = {"videos": [video_json(video_id="ok1"), {**video_json(video_id="no1"), "duration_ms": 0}]}
+    response = client.put("/v1/videos", json=body, headers=KEY)
+    assert response.status_code == 200
+    assert response.json()["errors"][0]["field"] == "duration_ms"
+    assert client.get("/v1/videos/ok1").status_code == 200
+    assert client.get("/v1/videos/no1").status_code == 404
+
+
+# --- recommend ----------------------------------------------------------------
+
+
+def test_no_model_yet_is_a_fallback_not_an_error(client: TestClient) -> None:
+    put_videos(client, [video_json(video_id=f"fresh{i}") for i in range(3)])
+    response = client.post("/v1/recommend", json={"user_id": "someone"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["fallback"] is True and body["fallback_reason"] == "no_model"
+    assert body["model_version"] is None
+    assert [i["video_id"] for i in body["items"]] == ["fresh2", "fresh1", "fresh0"]
+    assert {i["source"] for i in body["items"]} == {"fresh"}
+
+
+def test_unknown_user_gets_popular_and_fresh_ranked_by_the_model(client: TestClient) -> None:
+    version = with_model(client)
+    put_videos(client, [video_json(video_id=f"n{i}") for i in range(30)])
+    service = service_of(client)
+    service.signals.record([make_event(video_id="n7", ts=int(time.time() * 1000))])
+    body = client.post("/v1/recommend", json={"user_id": "never-seen", "count": 5}).json()
+    assert body["model_version"] == version
+    assert body["fallback_reason"] == "unknown_user"
+    assert len(body["items"]) == 5
+    scores = [i["score"] for i in body["items"]]
+    assert scores == sorted(scores, reverse=True) and all(0 < s < 1 for s in scores)
+    everything = client.post("/v1/recommend", json={"user_id": "never-seen", "count": 100}).json()
+    assert {i["source"] for i in everything["items"]} == {"trending", "fresh"}
+    assert len(everything["items"]) == 30
+
+
+def test_known_user_candidates_hidden_seen_and_filters(client: TestClient) -> None:
+    with_model(client)
+    videos = [video_json(video_id=f"m{i}", category="music" if i % 2 else "news",
+                         duration_ms=10_000 * (i + 1), creator_id=f"cr{i % 3}") for i in range(12)]
+    put_videos(client, videos)
+    service = service_of(client)
+    now = int(time.time() * 1000)
+    watched = [make_event(user_id="fan", video_id="m1", ts=now - 5000, watch_ms=10_000,
+                          duration_ms=20_000)]
+    service.resources.activity.record(watched)
+    service.signals.record(
+        [make_event(user_id="other", video_id="m1", ts=now - 9000),
+         make_event(user_id="other", video_id="m4", ts=now - 8000)]
+    )
+    client.post("/v1/videos/m3/hide", headers=KEY)
+    body = client.post("/v1/recommend", json={"user_id": "fan", "count": 50}).json()
+    ids = {i["video_id"] for i in body["items"]}
+    assert body["fallback"] is False
+    assert "m1" not in ids  # seen
+    assert "m3" not in ids  # hidden
+    sources = {i["video_id"]: i["source"] for i in body["items"]}
+    assert sources["m4"] == "covisit"
+    assert sources["m7"] == "creators"  # m7 shares m1's creator cr1
+    with_seen = client.post(
+        "/v1/recommend", json={"user_id": "fan", "count": 50, "exclude_seen": False}
+    ).json()
+    assert "m1" in {i["video_id"] for i in with_seen["items"]}
+    filtered = client.post(
+        "/v1/recommend",
+        json={"user_id": "fan", "filters": {"categories": ["music"], "max_duration_ms": 60_000}},
+    ).json()
+    assert {i["video_id"] for i in filtered["items"]} == {"m5"}
+
+
+def test_given_candidates_are_ranked_unknown_and_hidden_dropped(client: TestClient) -> None:
+    with_model(client)
+    put_videos(client, [video_json(video_id=f"g{i}") for i in range(5)])
+    client.post("/v1/videos/g2/hide", headers=KEY)
+    body = client.post(
+        "/v1/recommend",
+        json={"user_id": "u1", "candidates": ["g0", "g1", "g2", "ghost", "g4", "g0"],
+              "context": {"device": "tv", "surface": "home"}},
+    ).json()
+    assert sorted(i["video_id"] for i in body["items"]) == ["g0", "g1", "g4"]
+    assert {i["source"] for i in body["items"]} == {"request"}
+    assert body["fallback"] is False
+
+
+# --- operations ---------------------------------------------------------------
+
+
+def test_health_readiness_metrics_status(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    not_ready = client.get("/readyz")
+    assert not_ready.status_code == 503 and "no model" in not_ready.json()["checks"]["model"]
+    version = with_model(client)
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    client.post("/v1/recommend", json={"user_id": "u1"})
+    text = client.get("/metrics").text
+    assert "vidrec_recommend_stage_seconds_bucket" in text
+    assert f'vidrec_model_info{{provider="CPUExecutionProvider",version="{version}"}} 1.0' in text
+    assert 'vidrec_fallbacks_total{reason="unknown_user"}' in text
+    status = client.get("/v1/status").json()
+    assert status["model"]["version"] == version
+    assert status["model"]["provider"] == "CPUExecutionProvider"
+    assert client.get("/docs").status_code == 200
+    assert "/v1/recommend" in client.get("/openapi.json").json()["paths"]
