@@ -125,6 +125,18 @@ def _floors(
     }
 
 
+def _row(figure: str, value: float, floor: float | None, note: str) -> dict[str, Any]:
+    """One result; ``ratio`` is table time over floor time (floor rate over table rate)."""
+    return {
+        "figure": figure,
+        "value": value,
+        "unit": "keys/s",
+        "floor": floor,
+        "ratio": None if floor is None else floor / value,
+        "note": note,
+    }
+
+
 def run(
     *,
     iterations: int = 30,
@@ -134,7 +146,8 @@ def run(
     redis_url: str | None = None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Measure; one dict per figure: ``figure``, ``value`` (keys/s), ``floor``, ``ratio``."""
+    """Measure; one dict per figure: ``figure``, ``value`` and ``floor`` (keys/s),
+    ``ratio`` (table time / floor time, None without a floor), ``unit``, ``note``."""
     rng = np.random.default_rng(seed)
     all_keys = np.unique(rng.integers(0, 2**64 - 1, size=rows, dtype=np.uint64))
     batches = [rng.choice(all_keys, size=batch, replace=False) for _ in range(iterations)]
@@ -149,14 +162,7 @@ def run(
         ("memory pull", lambda i: memory.pull(batches[i % len(batches)])),
         ("memory push", lambda i: memory.push(batches[i % len(batches)], grads)),
     ):
-        results.append(
-            {
-                "figure": figure,
-                "value": _median_rate(fn, batch, iterations),
-                "floor": None,
-                "ratio": None,
-            }
-        )
+        results.append(_row(figure, _median_rate(fn, batch, iterations), None, "numpy, one thread"))
 
     server = None
     if redis_url is None:
@@ -167,8 +173,7 @@ def run(
         redis_url = server.url
     client = redis.Redis.from_url(redis_url)
     try:
-        info = client.info("server")
-        results.append({"figure": "redis server", "value": info.get("redis_version")})
+        note = f"redis-server {client.info('server').get('redis_version')}"
         table = RedisSparseTable(spec, settings, client, chunk=CHUNK)
         table.clear()
         table.load(memory.export())
@@ -178,30 +183,12 @@ def run(
         )
         floors = _floors(client, table, batches, iterations)
         table.clear()
-        results.append(
-            {
-                "figure": "redis pull",
-                "value": pull,
-                "floor": floors["pull"],
-                "ratio": floors["pull"] / pull,
-            }
-        )
-        results.append(
-            {
-                "figure": "redis push",
-                "value": push,
-                "floor": floors["push"],
-                "ratio": floors["push"] / push,
-            }
-        )
-        results.append(
-            {
-                "figure": "redis push vs read+write floor",
-                "value": push,
-                "floor": floors["push_rw"],
-                "ratio": floors["push_rw"] / push,
-            }
-        )
+        for figure, value, floor in (
+            ("redis pull", pull, floors["pull"]),
+            ("redis push", push, floors["push"]),
+            ("redis push vs read+write floor", push, floors["push_rw"]),
+        ):
+            results.append(_row(figure, value, floor, note))
     finally:
         client.close()
         if server is not None:
@@ -210,15 +197,16 @@ def run(
 
 
 def _format(results: list[dict[str, Any]]) -> str:
-    lines = ["| figure | keys/s | floor keys/s | table time / floor time |", "|---|---:|---:|---:|"]
+    lines = [
+        "| figure | keys/s | floor keys/s | table time / floor time | note |",
+        "|---|---:|---:|---:|---|",
+    ]
     for row in results:
-        value = row["value"]
-        if isinstance(value, float):
-            floor = f"{row['floor']:,.0f}" if row.get("floor") else "-"
-            ratio = f"{row['ratio']:.2f}" if row.get("ratio") else "-"
-            lines.append(f"| {row['figure']} | {value:,.0f} | {floor} | {ratio} |")
-        else:
-            lines.append(f"| {row['figure']} | {value} | | |")
+        floor = "-" if row["floor"] is None else f"{row['floor']:,.0f}"
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        lines.append(
+            f"| {row['figure']} | {row['value']:,.0f} | {floor} | {ratio} | {row['note']} |"
+        )
     return "\n".join(lines)
 
 
