@@ -128,7 +128,7 @@ class KeyIndex:
     def remove(self, keys: Keys) -> None:
         """Drop ``keys`` (absent ones are ignored)."""
         _, where = self.find(keys)
-        where = where[where >= 0]
+        where = np.unique(where[where >= 0])
         self._vals[where] = _TOMBSTONE
         self._tombstones += len(where)
         self.used -= len(where)
@@ -221,7 +221,7 @@ class MemorySparseTable:
         slots, _ = self._index.find(keys)
         stale = self._updated.take(slots) <= now - self._ttl_s
         if stale.any():
-            self._release(slots[stale])
+            self._release(np.unique(slots[stale]))  # unique: a repeated key must not free twice
             slots[stale] = _ZERO_SLOT
         return slots
 

@@ -63,6 +63,7 @@ keys itself.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -211,6 +212,7 @@ class RedisSparseTable:
         self._w_bytes = 4 * spec.dim
         self._s_bytes = 4 * self.state_width
         self._admissions = 0
+        self._counter_lock = threading.Lock()  # one table object may serve several threads
 
     # --- plumbing -----------------------------------------------------
 
@@ -249,9 +251,8 @@ class RedisSparseTable:
                 conn.read_response(disable_decoding=True)
             except redis.ResponseError as exc:
                 errors.append(exc)  # keep reading: the stream must stay in step
-        result = conn.read_response(
-            disable_decoding=True
-        )  # EXEC (raises EXECABORT if queued errors)
+        # EXEC's reply: the commands' replies, or EXECABORT if one was refused when queued.
+        result = conn.read_response(disable_decoding=True)
         if errors:
             raise errors[0]
         if not isinstance(result, list):
@@ -328,7 +329,8 @@ class RedisSparseTable:
             commands += len(new_keys)
         result = self._transaction(conn, b"".join(body), commands)
         created = np.fromiter((r is not None for r in result[: len(new_keys)]), bool, len(new_keys))
-        self._admissions += int(created.sum())
+        with self._counter_lock:
+            self._admissions += int(created.sum())
         if not created.all():
             # Another trainer created these rows a moment ago: return what it stored.
             lost = np.flatnonzero(~created)
