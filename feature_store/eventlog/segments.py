@@ -218,22 +218,28 @@ class DeadLetterFile:
         self._handle: BinaryIO | None = None
 
     def load(self) -> list[StoredDeadLetter]:
+        """Every stored dead letter; a torn tail (crash mid-write) is cut off."""
         letters: list[StoredDeadLetter] = []
         try:
             handle = open(self.path, "rb")  # noqa: SIM115
         except FileNotFoundError:
             return letters
         with handle:
+            good_end = 0
             while (header := _read_exact(handle, _DEAD.size)) is not None:
                 reason_len, source_len, key_len, value_len = _DEAD.unpack(header)
                 body = _read_exact(handle, reason_len + source_len + max(key_len, 0) + value_len)
                 if body is None:
-                    break  # torn tail: the next rewrite drops it
+                    break
+                good_end = handle.tell()
                 reason = body[:reason_len].decode()
                 source = body[reason_len : reason_len + source_len].decode()
                 at = reason_len + source_len
                 key = None if key_len < 0 else body[at : at + key_len]
                 letters.append(StoredDeadLetter(reason, source, key, body[at + max(key_len, 0) :]))
+            torn = handle.seek(0, os.SEEK_END) != good_end
+        if torn:
+            self.rewrite(letters)  # later appends must not follow half a record
         return letters
 
     def append(self, letters: Iterable[StoredDeadLetter]) -> None:

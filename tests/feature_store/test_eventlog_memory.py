@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -107,3 +108,53 @@ def test_partition_of_a_user_is_stable() -> None:
     from feature_store.eventlog.codec import partition_for
 
     assert [partition_for(f"user-{i}".encode(), 8) for i in range(6)] == [0, 0, 1, 6, 0, 3]
+
+
+def test_torn_dead_letter_file_is_repaired(tmp_path: Path) -> None:
+    with MemoryEventLog(settings(memory_partitions=1), tmp_path) as log:
+        log.produce_raw(b"u1", b"bad one")
+        with log.consumer("g") as consumer:
+            assert consumer.poll(10, 0.1) == []
+    with open(tmp_path / "dead_letters.log", "ab") as handle:
+        handle.write(b"\x00\x00\x00\x05ab")  # half a header
+    with MemoryEventLog(settings(memory_partitions=1), tmp_path) as log:
+        log.produce_raw(b"u1", b"bad two")
+        with log.consumer("g2") as consumer:
+            assert consumer.poll(10, 0.1) == []
+    with MemoryEventLog(settings(memory_partitions=1), tmp_path) as log:
+        assert [d.value for d in log.dead_letters()] == [b"bad one", b"bad one", b"bad two"]
+        assert "body" in log.dead_letters()[0].reason
+
+
+def test_concurrent_producers_and_members_lose_and_repeat_nothing() -> None:
+    """Threads producing while two group members consume: each event once, users in order."""
+    log = MemoryEventLog(settings(memory_partitions=4)).start()
+    per_thread = 250
+
+    def produce(thread: int) -> None:
+        for i in range(per_thread):
+            log.produce([make_event(user_id=f"t{thread}-u{i % 5}")])
+
+    members = [log.consumer("g"), log.consumer("g")]
+    got: list[list[ConsumedEvent]] = [[], []]
+
+    def consume(index: int) -> None:
+        deadline = time.monotonic() + 20
+        while sum(map(len, got)) < 4 * per_thread and time.monotonic() < deadline:
+            got[index] += members[index].poll(50, 0.05)
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+    threads += [threading.Thread(target=consume, args=(m,)) for m in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    log.close()
+
+    everything = got[0] + got[1]
+    assert len(everything) == 4 * per_thread == len({c.event.event_id for c in everything})
+    assert got[0] and got[1]
+    for user in {c.event.user_id for c in everything}:
+        mine = [c for c in everything if c.event.user_id == user]
+        numbers = [int(c.event.event_id[1:]) for c in sorted(mine, key=lambda c: c.offset)]
+        assert numbers == sorted(numbers), "a user's events keep their produce order"
