@@ -37,6 +37,11 @@ HISTORY = f"{REDIS_ROOT}:hist:"
 VIDEO_STATS = f"{REDIS_ROOT}:vstat:"
 """A video's counters: hash at ``{VIDEO_STATS}{video_id}``."""
 
+TRAINER_METRICS = f"{REDIS_ROOT}:trainer:metrics:"
+"""Capped stream of a trainer's metric points: ``{TRAINER_METRICS}{group_id}``."""
+TRAINER_STATUS = f"{REDIS_ROOT}:trainer:status:"
+"""A trainer's heartbeat (JSON, with a TTL): ``{TRAINER_STATUS}{group_id}``."""
+
 # --- Kafka topics --------------------------------------------------------
 
 

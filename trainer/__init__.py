@@ -1,1 +1,12 @@
-"""trainer."""
+"""The online trainer: event log -> labelled samples -> Wide&Deep -> ONNX versions.
+
+Imports torch; only ``vidrec train`` and the embedded ``vidrec up`` load it,
+through the ``vidrec.components:trainer`` entry point.
+"""
+
+from trainer.component import TrainerComponent
+from trainer.labels import Joiner, LabelPolicy, Sample
+from trainer.loop import OnlineTrainer
+from trainer.model import WideDeep
+
+__all__ = ["Joiner", "LabelPolicy", "OnlineTrainer", "Sample", "TrainerComponent", "WideDeep"]

@@ -1,0 +1,120 @@
+"""Label policy and the bounded online joiner."""
+
+from __future__ import annotations
+
+import pytest
+
+from feature_store.events import EventContext
+from feature_store.settings import TrainerSettings
+from tests.factories import make_event
+from trainer.labels import Joiner, LabelPolicy
+
+SETTINGS = TrainerSettings(positive_watch_ratio=0.5, short_play_ratio=0.1)
+
+
+@pytest.mark.parametrize(
+    ("kind", "watch_ms", "expected"),
+    [
+        ("finish", 60_000, 1.0),
+        ("like", 0, 1.0),
+        ("share", 0, 1.0),
+        ("skip", 0, 0.0),
+        ("dislike", 0, 0.0),
+        ("play", 30_000, 1.0),  # ratio 0.5: at the threshold
+        ("play", 29_000, None),  # between short and positive: ambiguous
+        ("play", 5_000, 0.0),  # ratio 0.083: a short play
+        ("click", 0, None),
+        ("progress", 10_000, None),
+    ],
+)
+def test_policy_labels_each_event_type(kind: str, watch_ms: int, expected: float | None) -> None:
+    event = make_event(type=kind, watch_ms=watch_ms, duration_ms=60_000)
+    assert LabelPolicy(SETTINGS).label(event) == expected
+
+
+def test_play_without_duration_uses_catalog_length_or_gives_no_label() -> None:
+    event = make_event(type="play", watch_ms=50_000, duration_ms=None)
+    policy = LabelPolicy(SETTINGS)
+    assert policy.label(event) is None
+    assert policy.label(event, duration_ms=60_000) == 1.0
+
+
+def test_sample_weights_per_event_type() -> None:
+    policy = LabelPolicy(TrainerSettings(sample_weights={"like": 2.0}))
+    joiner = Joiner(policy, window_ms=1_000, max_entries=10)
+    samples = joiner.observe([make_event(type="like"), make_event(type="skip")], [0, 0], {})
+    assert [s.weight for s in samples] == [2.0, 1.0]
+
+
+def _joiner(window_ms: int = 10_000, max_entries: int = 100) -> Joiner:
+    return Joiner(LabelPolicy(SETTINGS), window_ms=window_ms, max_entries=max_entries)
+
+
+def test_impression_followed_by_play_gives_only_the_plays_label() -> None:
+    joiner = _joiner()
+    imp = make_event(type="impression", ts=1_000_000_000_000, video_id="a")
+    play = make_event(type="play", ts=1_000_000_001_000, video_id="a", watch_ms=50_000)
+    samples = joiner.observe([imp, play], [0, 0], {})
+    later = make_event(type="click", ts=1_000_000_100_000, video_id="zz")
+    samples += joiner.observe([later], [0], {})
+    assert [(s.event.type, s.label) for s in samples] == [("play", 1.0)]
+    assert len(joiner) == 0
+
+
+def test_impression_without_play_times_out_into_a_negative() -> None:
+    joiner = _joiner(window_ms=10_000)
+    ctx = EventContext(position=3, surface="home")
+    imp = make_event(type="impression", ts=1_000_000_000_000, video_id="a", context=ctx)
+    assert joiner.observe([imp], [0], {}) == []
+    # 9 s later in event time: still waiting
+    assert joiner.observe([make_event(type="click", ts=1_000_000_009_000, video_id="b")], [0], {}) == []
+    # 11 s later: expired into a negative carrying the impression's context
+    out = joiner.observe([make_event(type="click", ts=1_000_000_011_000, video_id="c")], [0], {})
+    assert [(s.event.event_id, s.label, s.context.position) for s in out] == [(imp.event_id, 0.0, 3)]
+    assert joiner.expired == 1
+
+
+def test_expiry_clock_is_per_partition() -> None:
+    joiner = _joiner(window_ms=10_000)
+    imp = make_event(type="impression", ts=1_000_000_000_000)
+    joiner.observe([imp], [0], {})
+    far = make_event(type="click", ts=1_000_000_900_000, user_id="other")
+    assert joiner.observe([far], [1], {}) == []  # partition 1's clock does not expire partition 0
+    assert len(joiner) == 1
+
+
+def test_joiner_is_bounded_and_resolves_the_oldest_early() -> None:
+    joiner = _joiner(window_ms=10**9, max_entries=3)
+    imps = [make_event(type="impression", video_id=f"v{i}") for i in range(5)]
+    out = joiner.observe(imps, [i % 2 for i in range(5)], {})
+    assert len(joiner) == 3
+    assert [s.event.event_id for s in out] == [imps[0].event_id, imps[1].event_id]
+    assert all(s.label == 0.0 for s in out) and joiner.evicted == 2
+
+
+def test_engagement_inherits_the_impressions_context() -> None:
+    joiner = _joiner()
+    ctx = EventContext(position=2, surface="home", device="tv")
+    imp = make_event(type="impression", video_id="a", context=ctx)
+    click = make_event(type="click", video_id="a")
+    play = make_event(type="play", video_id="a", watch_ms=60_000, context=EventContext(os="ios"))
+    (sample,) = joiner.observe([imp, click, play], [0, 0, 0], {})
+    assert (sample.context.position, sample.context.device, sample.context.os) == (2, "tv", "ios")
+
+
+def test_flush_idle_expires_by_wall_clock() -> None:
+    joiner = _joiner(window_ms=10_000)
+    imp = make_event(type="impression")
+    joiner.observe([imp], [0], {})
+    assert [s.label for s in joiner.flush_idle(imp.ts + 20_000)] == [0.0]
+
+
+def test_state_round_trip_keeps_pending_impressions() -> None:
+    joiner = _joiner(window_ms=10_000)
+    imp = make_event(type="impression", context=EventContext(position=1))
+    joiner.observe([imp], [2], {})
+    restored = _joiner(window_ms=10_000)
+    restored.load_state(joiner.state())
+    assert len(restored) == 1
+    out = restored.flush_idle(imp.ts + 60_000)
+    assert [(s.event.event_id, s.context.position) for s in out] == [(imp.event_id, 1)]

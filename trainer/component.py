@@ -1,0 +1,110 @@
+"""``TrainerComponent``: the trainer as the service and the CLI see it.
+
+Registered under the ``vidrec.components:trainer`` entry point, so ``app``
+finds it without importing ``trainer`` (see
+:mod:`feature_store.component`). ``start`` runs the loop in a daemon thread
+(embedded mode, inside ``vidrec up``); ``run`` runs it in the caller's
+thread (``vidrec train``, whose SIGTERM handler calls ``stop``).
+
+``stop`` is graceful: the loop stops fetching, finishes the batch in hand
+(push and dense step), writes a checkpoint and commits the offsets it
+covers, then exits. Called from a signal handler on the loop's own thread it
+only raises the flag (joining there would deadlock); ``run`` returns once
+the final checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import TracebackType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from feature_store.runtime import Resources
+from feature_store.timeseries import MetricsSeries, open_timeseries
+from trainer.loop import OnlineTrainer
+
+log = logging.getLogger(__name__)
+
+SERIES_EXTRA = "trainer_series"
+"""Key of the trainer's metrics series in ``Resources.extras`` (the service reads it)."""
+
+
+class TrainerComponent:
+    """A :class:`feature_store.component.TrainerHandle` over :class:`OnlineTrainer`."""
+
+    def __init__(
+        self,
+        resources: Resources,
+        *,
+        registry: CollectorRegistry | None = None,
+        series: MetricsSeries | None = None,
+    ) -> None:
+        if series is None:
+            series = resources.extras.get(SERIES_EXTRA)
+        if series is None:
+            series = open_timeseries(resources.settings, resources.redis_client)
+            resources.extras[SERIES_EXTRA] = series
+        self.series = series
+        self.loop = OnlineTrainer(resources, registry=registry, series=series)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry:
+        """Prometheus registry holding the trainer's metrics."""
+        return self.loop.metrics.registry
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._run_thread, name="vidrec-trainer", daemon=True)
+        self._thread.start()
+
+    def _run_thread(self) -> None:
+        try:
+            self.loop.run()
+        except BaseException as exc:  # kept for status(); the service stays up
+            self._error = exc
+            self.loop.last_error = repr(exc)
+            log.exception("trainer thread failed")
+
+    def run(self) -> None:
+        self.loop.run()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.loop.request_stop()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("trainer did not stop within %.0f s", timeout_s)
+
+    def status(self) -> dict[str, Any]:
+        status = self.loop.status()
+        status["paused"] = self.loop.paused
+        if self._error is not None:
+            status["state"] = "failed"
+        return status
+
+    def export_now(self, activate: bool = True) -> str:
+        return self.loop.export_now(activate)
+
+    def pause(self) -> None:
+        self.loop.pause()
+
+    def resume(self) -> None:
+        self.loop.resume()
+
+    def __enter__(self) -> TrainerComponent:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

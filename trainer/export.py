@@ -1,0 +1,170 @@
+"""Export the dense network to ONNX and publish it as a registry version.
+
+The exported graph is the same :class:`~trainer.model.WideDeep` module the
+trainer steps, traced with the input and output names of
+:mod:`feature_store.model_io`; the batch size ``B`` and every table's
+``N_t`` are dynamic axes, so one file serves any batch. The sparse rows are
+*inputs*, not weights: the server pulls them from the same tables at
+request time, so a version stays current as embeddings keep training.
+
+Exporters: ``torchscript`` (torch's legacy tracer, ~0.2 s for this model,
+deprecated by torch but present in 2.13) is the default because the export
+runs between training batches; ``dynamo`` (torch.export, ~4 s) is the
+supported path going forward and gives the same graph semantics. Both are
+checked for parity against torch by the tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from feature_store import model_io
+from feature_store.features.columns import MultiValued
+from feature_store.features.schema import FeatureSchema
+from feature_store.registry import Manifest, ModelRegistry
+from trainer.model import WideDeep
+
+Exporter = Literal["torchscript", "dynamo"]
+OPSET = 17
+
+
+def example_inputs(
+    schema: FeatureSchema,
+    batch: int,
+    rng: np.random.Generator,
+    rows_per_table: int | None = None,
+    wide_rows: int | None = None,
+) -> list[Tensor]:
+    """Random inputs of the right shapes and index ranges (padding included)."""
+    tensors: list[Tensor] = []
+    sizes: dict[str, int] = {}
+    for table, dim in schema.table_dims().items():
+        n = rows_per_table if rows_per_table is not None else int(rng.integers(1, 3 * batch + 2))
+        sizes[table] = n
+        tensors.append(torch.from_numpy(rng.normal(0, 0.1, (n, dim)).astype(np.float32)))
+    for col in schema.embedded:
+        n = sizes[col.table_name()]
+        shape = (batch, col.max_len) if isinstance(col, MultiValued) else (batch,)
+        tensors.append(torch.from_numpy(rng.integers(0, n + 1, size=shape).astype(np.int64)))
+    n_wide = wide_rows if wide_rows is not None else int(rng.integers(1, 4 * batch + 2))
+    tensors.append(torch.from_numpy(rng.normal(0, 0.1, (n_wide, 1)).astype(np.float32)))
+    tensors.append(
+        torch.from_numpy(rng.integers(0, n_wide, size=(batch, schema.wide_width)).astype(np.int64))
+    )
+    tensors.append(
+        torch.from_numpy(rng.uniform(0, 5, (batch, len(schema.dense))).astype(np.float32))
+    )
+    return tensors
+
+
+def export_onnx(
+    model: WideDeep, schema: FeatureSchema, path: Path, exporter: Exporter = "torchscript"
+) -> None:
+    """Write ``model`` as an ONNX file at ``path`` (inputs per ``model_io``)."""
+    model = copy.deepcopy(model).eval()  # never disturb the training copy
+    names = model_io.input_names(schema)
+    example = example_inputs(schema, 4, np.random.default_rng(0), rows_per_table=6, wide_rows=9)
+    tables = list(schema.table_dims())
+    if exporter == "dynamo":
+        _export_dynamo(model, schema, tables, example, names, path)
+        return
+    axes: dict[str, dict[int, str]] = {name: {0: "B"} for name in names}
+    for table in tables:
+        axes[model_io.embedding_input(table)] = {0: f"N_{table}"}
+    axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
+    axes[model_io.SCORE] = {0: "B"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
+        torch.onnx.export(
+            model,
+            tuple(example),
+            str(path),
+            input_names=names,
+            output_names=[model_io.SCORE],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+def _export_dynamo(
+    model: WideDeep,
+    schema: FeatureSchema,
+    tables: list[str],
+    example: list[Tensor],
+    names: list[str],
+    path: Path,
+) -> None:
+    from torch.export import Dim
+
+    batch = Dim("B")
+    shapes: list[dict[int, Any]] = [{0: Dim(f"N_{t}")} for t in tables]
+    shapes += [{0: batch} for _ in schema.embedded]
+    shapes += [{0: Dim("N_wide")}, {0: batch}, {0: batch}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model,
+            tuple(example),
+            input_names=names,
+            output_names=[model_io.SCORE],
+            dynamic_shapes=(tuple(shapes),),
+            opset_version=18,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+        assert program is not None
+        program.save(str(path))
+
+
+def publish(
+    registry: ModelRegistry,
+    model: WideDeep,
+    schema: FeatureSchema,
+    *,
+    family: str,
+    training_position: dict[str, Any],
+    metrics: dict[str, float],
+    activate: bool,
+    keep: int,
+    exporter: Exporter = "torchscript",
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """Export ``model`` as a new version; activate and prune as asked; returns its name.
+
+    The version appears whole or not at all (the registry builds it in a
+    hidden directory); pruning never removes the active version.
+    """
+    version = registry.new_version_name(family)
+    while (registry.versions_dir / version).exists():  # two exports in one millisecond
+        time.sleep(0.002)
+        version = registry.new_version_name(family)
+    manifest = Manifest(
+        version=version,
+        family=family,
+        created_at_ms=int(time.time() * 1000),
+        schema_hash=schema.schema_hash(),
+        table_dims=dict(schema.table_dims()),
+        training_position=training_position,
+        metrics={k: float(v) for k, v in metrics.items() if v == v},  # drop NaN
+        opset=OPSET if exporter == "torchscript" else 18,
+        extra={"exporter": exporter, "hidden": _hidden(model), **(extra or {})},
+    )
+    registry.publish(lambda path: export_onnx(model, schema, path, exporter), manifest)
+    if activate:
+        registry.activate(version)
+    registry.prune(keep)
+    return version
+
+
+def _hidden(model: WideDeep) -> list[int]:
+    return [m.out_features for m in model.mlp if isinstance(m, torch.nn.Linear)][:-1]

@@ -1,0 +1,472 @@
+"""The online training loop: consume, dedupe, label, train, record, checkpoint, commit.
+
+One iteration::
+
+    poll up to batch_size events (waiting at most max_wait_ms)
+    drop event ids already trained (dedupe window)
+    join impressions, label events (trainer.labels)
+    features from the stores' pre-batch state (trainer.samples)
+    pull -> forward (prequential scores) -> backward -> push -> dense step
+    record the events into the activity store (histories, counters)
+    every checkpoint_every_s: checkpoint, then commit the offsets it covers
+
+Delivery guarantees (see ``docs/training.md`` for the full argument):
+
+- **At least once.** Offsets are committed only after a checkpoint that
+  contains everything trained up to them is durable, so every event whose
+  offset is committed is in the restored state, and every other one is
+  redelivered.
+- **No event trained twice**, with the embedded (memory) sparse tables: a
+  checkpoint holds the dense network, its optimizer, the sparse tables, the
+  activity store, the joiner and the dedupe window, as one atomic unit. A
+  crash (even SIGKILL) rolls the whole state back to the last checkpoint
+  and the log replays from there, so each event is applied once to the
+  state that survives. Events between the committed offset and the
+  checkpoint's (a crash after the checkpoint but before the commit) are
+  skipped by the restored dedupe window.
+- With Redis sparse tables, pushes are durable the moment they happen and
+  cannot be rolled back. Each batch's event ids are appended to a journal
+  right after its push, dense step and activity record; a restart adds the journal's ids to
+  the dedupe window, so redelivered events that were already pushed are
+  skipped. The remaining gap is a crash between a batch's push and its
+  journal line (one batch, milliseconds): that batch's rows get its
+  gradient twice. Dense updates since the last checkpoint are lost (the
+  network resumes from the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from queue import Empty, SimpleQueue
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from prometheus_client import CollectorRegistry
+
+from feature_store.errors import BackendUnavailable
+from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
+from feature_store.runtime import Resources
+from feature_store.timeseries import MetricsSeries
+from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, STATE_FILE, Checkpointer
+from trainer.dedupe import DedupeWindow, id_hash
+from trainer.export import publish
+from trainer.labels import Joiner, LabelPolicy, Sample
+from trainer.metrics import TrainerMetrics
+from trainer.model import WideDeep
+from trainer.samples import Lookup, build_rows
+from trainer.step import Trainer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JOURNAL_FILE = "journal.jsonl"
+_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class OnlineTrainer:
+    """The loop and its state; :class:`trainer.component.TrainerComponent` drives it."""
+
+    def __init__(
+        self,
+        resources: Resources,
+        *,
+        registry: CollectorRegistry | None = None,
+        series: MetricsSeries | None = None,
+    ) -> None:
+        settings = resources.settings
+        cfg = settings.trainer
+        self.resources = resources
+        self.cfg = cfg
+        self.schema = resources.schema
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        self.model = WideDeep(self.schema, cfg.hidden)
+        self.trainer = Trainer(self.schema, resources.tables, self.model, cfg.dense_learning_rate)
+        self.joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
+        self.dedupe = DedupeWindow(cfg.dedupe_window)
+        self.metrics = TrainerMetrics(cfg.metrics_window, registry)
+        self.series = series
+        self.root: Path = settings.data_dir / "trainer" / cfg.group_id
+        self.checkpointer = Checkpointer(self.root, cfg.checkpoints_kept)
+        self.durable_sparse = settings.sparse.backend != "memory"
+        self.in_process_stores = settings.stores.backend == "memory"
+        self.history_limit = settings.features.history_in_model
+        self.positions: dict[int, int] = {}
+        """Next offset per partition after the last trained batch."""
+        self.seq = 0
+        """Sequence number of the last checkpoint written or loaded."""
+        self._trained_ids: list[str] = []
+        """Event ids trained since the last checkpoint (kept only when audited)."""
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._requests: SimpleQueue[tuple[bool, Future[str]]] = SimpleQueue()
+        self._thread_id: int | None = None
+        self._consumer: EventConsumer | None = None
+        self._broken = False
+        self.state = "idle"
+        self.last_version: str | None = None
+        self.last_point: dict[str, Any] = {}
+        self.last_error: str | None = None
+        self._batches_since_export = 0
+        self._last_export = self._last_checkpoint = self._last_point_t = time.monotonic()
+        self._lock = threading.Lock()
+
+    # --- control (any thread) -------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def pause(self) -> None:
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    def export_now(self, activate: bool = True, timeout_s: float = 120.0) -> str:
+        """Export from the loop's thread between batches (or here if it is not running)."""
+        if self._thread_id is not None and self._thread_id != threading.get_ident():
+            future: Future[str] = Future()
+            self._requests.put((activate, future))
+            return future.result(timeout=timeout_s)
+        return self.export(activate)
+
+    # --- the loop -------------------------------------------------------------
+
+    def run(self) -> None:
+        """Train until :meth:`request_stop`; finishes the batch, checkpoints, commits."""
+        self._thread_id = threading.get_ident()
+        self.state = "starting"
+        self.restore()
+        consumer = self.resources.event_log.consumer(self.cfg.group_id)
+        self._consumer = consumer
+        self.state = "running"
+        try:
+            while not self._stop.is_set():
+                self._serve_requests()
+                if self._paused.is_set():
+                    self.state = "paused"
+                    self._periodic(consumer, idle=True)
+                    self._stop.wait(0.05)
+                    continue
+                self.state = "running"
+                records = self._fetch(consumer)
+                if records:
+                    self.train_records(records)
+                else:
+                    self._train_samples(self.joiner.flush_idle(int(time.time() * 1000)), None)
+                self._periodic(consumer, idle=not records)
+        finally:
+            self.state = "stopping"
+            try:
+                self._serve_requests()
+                if not self._broken:
+                    self.checkpoint(consumer)
+            finally:
+                self._fail_requests()
+                consumer.close()
+                self._consumer = None
+                self._thread_id = None
+                self.state = "stopped"
+                self._heartbeat()
+
+    def _fetch(self, consumer: EventConsumer) -> list[ConsumedEvent]:
+        size = self.cfg.batch_size
+        deadline = time.monotonic() + self.cfg.max_wait_ms / 1000.0
+        records: list[ConsumedEvent] = []
+        while len(records) < size and not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            records += consumer.poll(size - len(records), timeout_s=remaining)
+        return records
+
+    def train_records(self, records: list[ConsumedEvent]) -> None:
+        """Dedupe, label, train and record one polled batch; advances positions."""
+        started = time.perf_counter()
+        fresh = self.dedupe.admit([r.event.event_id for r in records])
+        events = [records[i].event for i in fresh]
+        partitions = [records[i].partition for i in fresh]
+        lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
+        samples = self.joiner.observe(events, partitions, lookup.durations)
+        keys = self._train_samples(samples, lookup)
+        if events:
+            self._retry(lambda: self.resources.activity.record(events, lookup.durations))
+        for r in records:
+            if r.offset + 1 > self.positions.get(r.partition, 0):
+                self.positions[r.partition] = r.offset + 1
+        ids = [e.event_id for e in events]
+        if self.durable_sparse and ids:
+            with open(self.root / JOURNAL_FILE, "a") as fh:
+                fh.write(json.dumps(ids) + "\n")
+        if self.cfg.audit:
+            self._trained_ids += ids
+        self._batches_since_export += 1
+        self.metrics.observe_batch(
+            len(records),
+            len(samples),
+            len(records) - len(fresh),
+            keys,
+            time.perf_counter() - started,
+        )
+
+    def _train_samples(self, samples: list[Sample], lookup: Lookup | None) -> int:
+        """One training step over ``samples``; returns the batch's unique key count."""
+        if not samples:
+            return 0
+        catalog, activity = self.resources.catalog, self.resources.activity
+        if lookup is None:
+            lookup = self._retry(lambda: Lookup(catalog, [s.event for s in samples]))
+
+        def attempt() -> int:
+            rows = build_rows(samples, lookup, catalog, activity, self.history_limit)
+            batch = self.trainer.extractor.extract(rows.rows)
+            with self._lock:
+                result = self.trainer.step(batch, rows.labels, rows.weights)
+            self.metrics.observe_scores(
+                rows.video_ids,
+                result.scores,
+                rows.labels.astype(np.float64),
+                rows.weights.astype(np.float64),
+            )
+            return result.unique_keys
+
+        return self._retry(attempt)
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``, retrying on backend failures with backoff until it works or we stop.
+
+        Stopping while a batch cannot be applied marks the loop broken: no
+        checkpoint is written over a half-applied batch, so a restart
+        replays from the last good one.
+        """
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except BackendUnavailable as exc:
+                self.last_error = str(exc)
+                if self._stop.is_set():
+                    self._broken = True
+                    raise
+                delay = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
+                log.warning("backend unavailable (%s); retrying the batch in %.1f s", exc, delay)
+                attempt += 1
+                self._stop.wait(delay)
+
+    def _periodic(self, consumer: EventConsumer, idle: bool) -> None:
+        now = time.monotonic()
+        cfg = self.cfg
+        if now - self._last_point_t >= cfg.metrics_every_s:
+            self._last_point_t = now
+            try:
+                self.metrics.set_lag(int(sum(consumer.lag().values())))
+            except BackendUnavailable as exc:
+                log.warning("lag unavailable: %s", exc)
+            self.last_point = {
+                **self.metrics.snapshot(),
+                "joiner_pending": len(self.joiner),
+                "duplicates": self.dedupe.duplicates,
+                "checkpoint_seq": self.seq,
+            }
+            if self.series is not None:
+                try:
+                    self.series.append(self.last_point)
+                except BackendUnavailable as exc:
+                    log.warning("metrics series unavailable: %s", exc)
+            self._heartbeat()
+        due_by_time = cfg.export_every_s > 0 and now - self._last_export >= cfg.export_every_s
+        due_by_count = (
+            cfg.export_every_batches > 0 and self._batches_since_export >= cfg.export_every_batches
+        )
+        if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
+            self.export(cfg.auto_activate)
+        if now - self._last_checkpoint >= cfg.checkpoint_every_s:
+            self.checkpoint(consumer)
+
+    def _serve_requests(self) -> None:
+        while True:
+            try:
+                activate, future = self._requests.get_nowait()
+            except Empty:
+                return
+            try:
+                future.set_result(self.export(activate))
+            except Exception as exc:  # the caller gets the error, the loop goes on
+                future.set_exception(exc)
+
+    def _fail_requests(self) -> None:
+        while True:
+            try:
+                _, future = self._requests.get_nowait()
+            except Empty:
+                return
+            future.set_exception(RuntimeError("trainer stopped before exporting"))
+
+    # --- export, checkpoint, restore ---------------------------------------
+
+    def export(self, activate: bool) -> str:
+        """Publish the current dense network as a registry version."""
+        with self._lock:
+            version = publish(
+                self.resources.registry,
+                self.model,
+                self.schema,
+                family=self.resources.settings.sparse.model_name,
+                training_position={
+                    "group_id": self.cfg.group_id,
+                    "positions": {str(p): o for p, o in sorted(self.positions.items())},
+                    "events_total": self.metrics.events_total,
+                    "samples_total": self.metrics.samples_total,
+                    "checkpoint_seq": self.seq,
+                },
+                metrics=self.metrics.window(),
+                activate=activate,
+                keep=self.cfg.registry_keep,
+            )
+        self.last_version = version
+        self._last_export = time.monotonic()
+        self._batches_since_export = 0
+        log.info("exported %s (activate=%s)", version, activate)
+        return version
+
+    def checkpoint(self, consumer: EventConsumer | None = None) -> None:
+        """Write a checkpoint of the whole trained state, then commit its offsets."""
+        seq = self.seq + 1
+        positions = dict(self.positions)
+        if self.cfg.audit:
+            self._write_audit(seq)
+
+        def write(directory: Path) -> None:
+            torch.save(
+                {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict()},
+                directory / DENSE_FILE,
+            )
+            np.save(directory / DEDUPE_FILE, self.dedupe.to_array())
+            if not self.durable_sparse:
+                for name, table in self.resources.tables.items():
+                    table.snapshot(directory / "sparse" / name)
+            if self.in_process_stores:
+                self.resources.activity.snapshot(directory / "activity")
+            state = {
+                "seq": seq,
+                "created_at_ms": int(time.time() * 1000),
+                "schema_hash": self.schema.schema_hash(),
+                "positions": {str(p): o for p, o in positions.items()},
+                "events_total": self.metrics.events_total,
+                "samples_total": self.metrics.samples_total,
+                "batches_total": self.metrics.batches_total,
+                "joiner": self.joiner.state(),
+                "last_version": self.last_version,
+            }
+            (directory / STATE_FILE).write_text(json.dumps(state))
+
+        with self._lock:
+            self.checkpointer.save(seq, write)
+        self.seq = seq
+        self._trained_ids = []
+        self._last_checkpoint = time.monotonic()
+        (self.root / JOURNAL_FILE).unlink(missing_ok=True)
+        if consumer is not None and positions:
+            try:
+                owned = set(consumer.assignment())  # a rebalance may have moved some away
+                commit = [Position(p, o) for p, o in sorted(positions.items()) if p in owned]
+                if commit:
+                    consumer.commit(commit)
+            except BackendUnavailable as exc:  # the checkpoint stands; dedupe covers replays
+                log.warning("commit failed after checkpoint %d: %s", seq, exc)
+
+    def _write_audit(self, seq: int) -> None:
+        audit = self.root / "audit"
+        audit.mkdir(exist_ok=True)
+        path = audit / f"{seq:010d}.ids"
+        with open(path, "w") as fh:
+            fh.write("".join(i + "\n" for i in self._trained_ids))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def restore(self) -> None:
+        """Load the newest checkpoint (and, for durable sparse tables, the journal)."""
+        seq = self.checkpointer.latest_seq()
+        audit = self.root / "audit"
+        if audit.is_dir():  # segments of checkpoints that never became LATEST
+            for path in audit.glob("*.ids"):
+                if seq is None or int(path.stem) > seq:
+                    path.unlink()
+        if seq is not None:
+            directory = self.checkpointer.path(seq)
+            dense = torch.load(directory / DENSE_FILE, weights_only=True)
+            self.model.load_state_dict(dense["model"])
+            self.trainer.optimizer.load_state_dict(dense["optimizer"])
+            self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
+            if not self.durable_sparse:
+                for name, table in self.resources.tables.items():
+                    if (directory / "sparse" / name).is_dir():
+                        table.restore(directory / "sparse" / name)
+            if self.in_process_stores and (directory / "activity").is_dir():
+                self.resources.activity.restore(directory / "activity")
+            state = json.loads((directory / STATE_FILE).read_text())
+            self.positions = {int(p): int(o) for p, o in state["positions"].items()}
+            self.joiner.load_state(state.get("joiner", {}))
+            self.metrics.events_total = int(state.get("events_total", 0))
+            self.metrics.samples_total = int(state.get("samples_total", 0))
+            self.metrics.batches_total = int(state.get("batches_total", 0))
+            self.last_version = state.get("last_version")
+            self.seq = seq
+            log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)
+        self._replay_journal()
+
+    def _replay_journal(self) -> None:
+        journal = self.root / JOURNAL_FILE
+        if not journal.is_file():
+            return
+        if self.durable_sparse:
+            ids: list[str] = []
+            with open(journal) as fh:
+                for line in fh:
+                    try:
+                        ids += json.loads(line)
+                    except json.JSONDecodeError:
+                        break  # torn last line: that batch's record was not finished
+            self.dedupe.remember(id_hash(i) for i in ids)
+            if self.cfg.audit:
+                self._trained_ids += ids
+            log.info("journal: %d event ids pushed after the checkpoint", len(ids))
+            return  # kept until the next checkpoint holds these ids in its window
+        journal.unlink()  # in-process tables: the checkpoint rolled those batches back
+
+    def _heartbeat(self) -> None:
+        if self.series is None:
+            return
+        try:
+            self.series.heartbeat(self.status(), self.cfg.heartbeat_ttl_s)
+        except BackendUnavailable as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "group_id": self.cfg.group_id,
+            "events_total": self.metrics.events_total,
+            "samples_total": self.metrics.samples_total,
+            "batches_total": self.metrics.batches_total,
+            "duplicates": self.dedupe.duplicates,
+            "checkpoint_seq": self.seq,
+            "last_version": self.last_version,
+            "positions": {str(p): o for p, o in sorted(self.positions.items())},
+            "last_error": self.last_error,
+            "metrics": self.last_point,
+        }

@@ -1,0 +1,248 @@
+"""Prequential (test-then-train) metrics of the online trainer.
+
+Every batch is scored by the current model *before* it trains on it; those
+scores are an honest out-of-sample estimate, like a held-out set that moves
+with the stream. The trainer's own training forward pass provides them (the
+parameters have not moved yet), so evaluation costs no extra pass.
+
+Kept over a sliding window of the last ``metrics_window`` samples:
+
+- ``auc``: ROC AUC of the model's scores (ties count half);
+- ``logloss``: mean binary cross-entropy (weighted);
+- ``baseline_auc`` / ``baseline_logloss``: a popularity baseline scored the
+  same way on the same samples: each video's Beta(1, 1)-smoothed positive
+  rate from the samples *before* this batch (what "recommend what people
+  liked" would predict). The model earns its keep by beating it;
+- ``positive_rate`` of the window.
+
+And from the loop: events/s (consumed, over the last ``rate_window_s``),
+samples/s, batch latency (ms), unique keys per batch, consumer lag.
+
+:class:`TrainerMetrics` exposes all of it as Prometheus metrics in a
+registry the caller chooses (the service passes its own; default: a private
+one) and as a dict, the point appended to the metrics time series.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+Floats = npt.NDArray[np.float64]
+
+
+def roc_auc(scores: Floats, labels: Floats) -> float:
+    """ROC AUC by ranks (Mann-Whitney U), ties counted half; NaN if one class is absent."""
+    positives = labels > 0.5
+    n_pos = int(positives.sum())
+    n_neg = len(labels) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    sorted_scores = scores[order]
+    ranks = np.empty(len(scores), dtype=np.float64)
+    # Average rank within groups of equal scores.
+    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(scores)]])
+    avg = (starts + ends + 1) / 2.0  # 1-based average rank of each group
+    ranks[order] = np.repeat(avg, ends - starts)
+    u = ranks[positives].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
+
+
+def log_loss(scores: Floats, labels: Floats, weights: Floats | None = None) -> float:
+    p = np.clip(scores, 1e-7, 1 - 1e-7)
+    losses = -(labels * np.log(p) + (1 - labels) * np.log1p(-p))
+    if weights is None:
+        return float(losses.mean()) if len(losses) else float("nan")
+    total = weights.sum()
+    return float((losses * weights).sum() / total) if total > 0 else float("nan")
+
+
+class _Ring:
+    """Fixed-capacity float ring buffer (numpy), oldest overwritten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.data = np.zeros(capacity, dtype=np.float64)
+        self.capacity = capacity
+        self.size = 0
+        self.head = 0
+
+    def extend(self, values: Floats) -> None:
+        values = values[-self.capacity :]
+        n = len(values)
+        first = min(n, self.capacity - self.head)
+        self.data[self.head : self.head + first] = values[:first]
+        self.data[: n - first] = values[first:]
+        self.head = (self.head + n) % self.capacity
+        self.size = min(self.capacity, self.size + n)
+
+    def values(self) -> Floats:
+        if self.size < self.capacity:
+            return self.data[: self.size]
+        return np.concatenate([self.data[self.head :], self.data[: self.head]])
+
+
+class PopularityBaseline:
+    """Per-video smoothed positive rate, learnt prequentially from the same samples."""
+
+    def __init__(self, max_videos: int = 1_000_000) -> None:
+        self.max_videos = max_videos
+        self._counts: dict[str, list[float]] = {}
+
+    def predict(self, video_ids: Sequence[str]) -> Floats:
+        counts = self._counts
+        out = np.empty(len(video_ids), dtype=np.float64)
+        for i, video in enumerate(video_ids):
+            c = counts.get(video)
+            out[i] = 0.5 if c is None else (c[0] + 1.0) / (c[1] + 2.0)
+        return out
+
+    def update(self, video_ids: Sequence[str], labels: Floats) -> None:
+        counts = self._counts
+        if len(counts) > self.max_videos:
+            counts.clear()  # bounded memory; the baseline relearns quickly
+        for video, label in zip(video_ids, labels.tolist(), strict=True):
+            c = counts.get(video)
+            if c is None:
+                counts[video] = [label, 1.0]
+            else:
+                c[0] += label
+                c[1] += 1.0
+
+
+class TrainerMetrics:
+    """Sliding-window prequential metrics, loop rates, and their Prometheus gauges."""
+
+    def __init__(
+        self,
+        window: int,
+        registry: CollectorRegistry | None = None,
+        rate_window_s: float = 10.0,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._scores = _Ring(window)
+        self._labels = _Ring(window)
+        self._weights = _Ring(window)
+        self._baseline = _Ring(window)
+        self.popularity = PopularityBaseline()
+        self.rate_window_s = rate_window_s
+        self._batches: deque[tuple[float, int, int]] = deque()  # (t, events, samples)
+        self._latency_ms: deque[float] = deque(maxlen=200)
+        self.events_total = 0
+        self.samples_total = 0
+        self.batches_total = 0
+        self.unique_keys = 0
+        self.lag = 0
+        r = self.registry
+        self.g_auc = Gauge("vidrec_trainer_auc", "Prequential AUC over the window", registry=r)
+        self.g_logloss = Gauge(
+            "vidrec_trainer_logloss", "Prequential log loss over the window", registry=r
+        )
+        self.g_base_auc = Gauge(
+            "vidrec_trainer_baseline_auc", "Popularity baseline's prequential AUC", registry=r
+        )
+        self.g_rate = Gauge("vidrec_trainer_events_per_second", "Events consumed per s", registry=r)
+        self.g_keys = Gauge(
+            "vidrec_trainer_unique_keys", "Unique sparse keys in the last batch", registry=r
+        )
+        self.g_lag = Gauge("vidrec_trainer_consumer_lag", "Records behind the log's end", registry=r)
+        self.c_events = Counter("vidrec_trainer_events", "Events consumed and trained", registry=r)
+        self.c_samples = Counter("vidrec_trainer_samples", "Labelled samples trained", registry=r)
+        self.c_dupes = Counter(
+            "vidrec_trainer_duplicates", "Redelivered events skipped by dedupe", registry=r
+        )
+        self.h_latency = Histogram(
+            "vidrec_trainer_batch_seconds",
+            "Wall time of one training step",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+
+    def observe_scores(
+        self, video_ids: Sequence[str], scores: Floats, labels: Floats, weights: Floats
+    ) -> None:
+        """Record a batch's pre-update scores; updates the baseline afterwards."""
+        self._baseline.extend(self.popularity.predict(video_ids))
+        self.popularity.update(video_ids, labels)
+        self._scores.extend(scores)
+        self._labels.extend(labels)
+        self._weights.extend(weights)
+
+    def observe_batch(
+        self, events: int, samples: int, duplicates: int, unique_keys: int, seconds: float
+    ) -> None:
+        now = time.monotonic()
+        self._batches.append((now, events, samples))
+        while self._batches and self._batches[0][0] < now - self.rate_window_s:
+            self._batches.popleft()
+        self._latency_ms.append(seconds * 1000.0)
+        self.events_total += events
+        self.samples_total += samples
+        self.batches_total += 1
+        self.unique_keys = unique_keys
+        self.c_events.inc(events)
+        self.c_samples.inc(samples)
+        if duplicates:
+            self.c_dupes.inc(duplicates)
+        self.h_latency.observe(seconds)
+        self.g_keys.set(unique_keys)
+
+    def set_lag(self, lag: int) -> None:
+        self.lag = lag
+        self.g_lag.set(lag)
+
+    def rates(self) -> tuple[float, float]:
+        """(events/s, samples/s) over the rate window."""
+        if len(self._batches) < 2:
+            return 0.0, 0.0
+        span = self._batches[-1][0] - self._batches[0][0]
+        if span <= 0:
+            return 0.0, 0.0
+        events = sum(b[1] for b in list(self._batches)[1:])
+        samples = sum(b[2] for b in list(self._batches)[1:])
+        return events / span, samples / span
+
+    def window(self) -> dict[str, float]:
+        """AUC, log loss and the baseline's, over the sliding window."""
+        scores, labels = self._scores.values(), self._labels.values()
+        weights, base = self._weights.values(), self._baseline.values()
+        return {
+            "auc": roc_auc(scores, labels),
+            "logloss": log_loss(scores, labels, weights),
+            "baseline_auc": roc_auc(base, labels),
+            "baseline_logloss": log_loss(base, labels, weights),
+            "positive_rate": float(labels.mean()) if len(labels) else float("nan"),
+            "window_samples": float(len(labels)),
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """The current point: window metrics, rates, latency, keys, lag, totals."""
+        point: dict[str, Any] = self.window()
+        events_s, samples_s = self.rates()
+        latencies = np.array(self._latency_ms) if self._latency_ms else np.zeros(1)
+        point.update(
+            events_per_s=events_s,
+            samples_per_s=samples_s,
+            batch_ms_mean=float(latencies.mean()),
+            batch_ms_p95=float(np.percentile(latencies, 95)),
+            unique_keys=self.unique_keys,
+            lag=self.lag,
+            events_total=self.events_total,
+            samples_total=self.samples_total,
+            batches_total=self.batches_total,
+        )
+        for gauge, key in ((self.g_auc, "auc"), (self.g_logloss, "logloss")):
+            if point[key] == point[key]:  # not NaN
+                gauge.set(point[key])
+        if point["baseline_auc"] == point["baseline_auc"]:
+            self.g_base_auc.set(point["baseline_auc"])
+        self.g_rate.set(events_s)
+        return point

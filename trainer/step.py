@@ -1,0 +1,120 @@
+"""One training step: rows -> keys -> pull -> forward/backward -> push -> dense step.
+
+The order is what makes a step safe to retry and to count: scores for the
+prequential metrics come from the forward pass *before* any parameter moves;
+the sparse pushes happen before the dense optimizer steps, and the caller
+commits offsets only after both (see :mod:`trainer.loop`).
+
+Loss: the *sum* of per-sample (weighted) binary cross-entropy. Summing, not
+averaging, keeps each key's gradient proportional to how often the batch
+used it, independent of batch size; the sparse optimizers (Adagrad, FTRL)
+normalise step sizes per key, and Adam is invariant to the scale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import Tensor
+from torch.nn import functional
+
+from feature_store.features.extract import BatchFeatures, FeatureExtractor
+from feature_store.features.schema import WIDE_TABLE, FeatureSchema
+from feature_store.sparse.base import SparseTable
+from trainer.model import WideDeep
+
+
+@dataclass
+class StepResult:
+    """What one step reports to the metrics."""
+
+    scores: npt.NDArray[np.float64]
+    """Pre-update predicted probabilities (prequential scores)."""
+    loss: float
+    """Summed loss of the batch before the update."""
+    unique_keys: int
+
+
+def to_inputs(
+    schema: FeatureSchema,
+    batch: BatchFeatures,
+    table_rows: dict[str, npt.NDArray[np.float32]],
+    wide_rows: npt.NDArray[np.float32],
+    requires_grad: bool = False,
+) -> list[Tensor]:
+    """Model inputs in :func:`feature_store.model_io.input_names` order."""
+    tensors = [
+        torch.from_numpy(np.ascontiguousarray(table_rows[t], dtype=np.float32)).requires_grad_(
+            requires_grad
+        )
+        for t in schema.table_dims()
+    ]
+    tensors += [torch.from_numpy(batch.column_indices[c.name]) for c in schema.embedded]
+    wide = np.ascontiguousarray(wide_rows, dtype=np.float32).reshape(-1, 1)
+    tensors.append(torch.from_numpy(wide).requires_grad_(requires_grad))
+    tensors.append(torch.from_numpy(batch.wide_indices))
+    tensors.append(torch.from_numpy(batch.dense))
+    return tensors
+
+
+class Trainer:
+    """Holds the dense network, its optimizer and the tables; runs steps."""
+
+    def __init__(
+        self,
+        schema: FeatureSchema,
+        tables: dict[str, SparseTable],
+        model: WideDeep,
+        learning_rate: float,
+    ) -> None:
+        self.schema = schema
+        self.tables = tables
+        self.model = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+        self.extractor = FeatureExtractor(schema)
+        self._table_names = list(schema.table_dims())
+
+    def pull(
+        self, batch: BatchFeatures, train: bool
+    ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
+        rows = {t: self.tables[t].pull(batch.table_keys[t], train=train) for t in self._table_names}
+        wide = self.tables[WIDE_TABLE].pull(batch.wide_keys, train=train)
+        return rows, wide
+
+    def step(
+        self,
+        batch: BatchFeatures,
+        labels: npt.NDArray[np.float32],
+        weights: npt.NDArray[np.float32],
+    ) -> StepResult:
+        """Train on one extracted batch; returns the pre-update scores."""
+        table_rows, wide_rows = self.pull(batch, train=True)
+        inputs = to_inputs(self.schema, batch, table_rows, wide_rows, requires_grad=True)
+        self.model.train()
+        logits = self.model.logits(*inputs)
+        loss = functional.binary_cross_entropy_with_logits(
+            logits, torch.from_numpy(labels), weight=torch.from_numpy(weights), reduction="sum"
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        n = len(self._table_names)
+        for name, tensor in zip(self._table_names, inputs[:n], strict=True):
+            if tensor.grad is not None and len(batch.table_keys[name]):
+                self.tables[name].push(batch.table_keys[name], tensor.grad.numpy())
+        wide_grad = inputs[n + len(self.schema.embedded)].grad
+        if wide_grad is not None and len(batch.wide_keys):
+            self.tables[WIDE_TABLE].push(batch.wide_keys, wide_grad.numpy())
+        self.optimizer.step()
+        scores = torch.sigmoid(logits.detach()).double().numpy()
+        return StepResult(scores, float(loss.detach()), batch.unique_key_count)
+
+    @torch.no_grad()
+    def score(self, batch: BatchFeatures) -> npt.NDArray[np.float64]:
+        """Predicted probabilities without training or admitting keys."""
+        table_rows, wide_rows = self.pull(batch, train=False)
+        self.model.eval()
+        out = self.model(*to_inputs(self.schema, batch, table_rows, wide_rows))
+        return out.double().numpy()
