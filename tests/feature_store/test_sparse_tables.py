@@ -269,11 +269,11 @@ def test_rows_expire_with_their_state(backend: Backend) -> None:
 
 
 def test_push_refreshes_ttl(backend: Backend) -> None:
-    table = backend.table(TableSpec("emb", 2, "adagrad"), ttl_s=0.4)
+    table = backend.table(TableSpec("emb", 2, "adagrad"), ttl_s=0.6)
     keys = keys_of(1)
     table.pull(keys, train=True)
-    for _ in range(3):
-        backend.advance(0.2)
+    for _ in range(4):  # 1 s in all, longer than the TTL, but never 0.6 s without a push
+        backend.advance(0.25)
         table.push(keys, np.ones((1, 2), dtype=np.float32))
     assert table.pull(keys).any(), "a row updated within its TTL stays"
 
