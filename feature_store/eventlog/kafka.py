@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -98,6 +98,7 @@ class KafkaEventLog:
         self._probe: KafkaConsumer | None = None
         """Group-less consumer for end offsets; kafka-python clients are not thread-safe."""
         self._probe_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._consumers: list[KafkaEventConsumer] = []
         self._closed = False
 
@@ -116,6 +117,10 @@ class KafkaEventLog:
 
     def start(self) -> KafkaEventLog:
         """Connect, create the topics if missing, open the producer. Idempotent."""
+        with self._start_lock:
+            return self._start()
+
+    def _start(self) -> KafkaEventLog:
         if self._closed:
             raise EventLogUnavailable("the event log is closed")
         if self._producer is not None:
@@ -124,7 +129,11 @@ class KafkaEventLog:
             with _kafka_errors("start"):
                 self._create_topics()
                 self._probe = KafkaConsumer(
-                    **self.client_config(), enable_auto_commit=False, auto_offset_reset="earliest"
+                    **self.client_config(),
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    # It fetches only to read high watermarks: keep fetches small.
+                    max_partition_fetch_bytes=64 * 1024,
                 )
                 self._producer = KafkaProducer(
                     **self.client_config(),
@@ -133,7 +142,7 @@ class KafkaEventLog:
                     max_block_ms=self.settings.kafka.request_timeout_ms,
                 )
         except BaseException:
-            self.close()
+            self._release()  # not closed: start() may be tried again
             raise
         return self
 
@@ -156,21 +165,26 @@ class KafkaEventLog:
             admin.close()
 
     def close(self) -> None:
-        """Close consumers, flush and close the producer. Idempotent."""
+        """Close consumers, flush and close the producer. Idempotent.
+
+        Every client is closed even when an earlier one fails; the failure
+        is raised afterwards.
+        """
         self._closed = True
-        for consumer in list(self._consumers):
-            consumer.close()
+        self._release()
+
+    def _release(self) -> None:
         producer, self._producer = self._producer, None
         probe, self._probe = self._probe, None
-        try:
-            if producer is not None:
-                with _kafka_errors("close"):
-                    producer.flush(timeout=self._timeout_s)
-        finally:
-            if producer is not None:
-                producer.close(timeout=self._timeout_s)
+        with ExitStack() as stack:  # callbacks run last-pushed first, each one regardless
             if probe is not None:
-                probe.close(autocommit=False)
+                stack.callback(probe.close, autocommit=False)
+            if producer is not None:
+                stack.callback(producer.close, timeout=self._timeout_s)
+                stack.enter_context(_kafka_errors("flush"))
+                stack.callback(producer.flush, timeout=self._timeout_s)
+            for consumer in list(self._consumers):
+                stack.callback(consumer.close)
 
     def __enter__(self) -> KafkaEventLog:
         return self.start()

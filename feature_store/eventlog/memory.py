@@ -88,9 +88,9 @@ class _Partition:
             if len(self.records) >= self.retention + self._chunk:
                 self._trim(persist=False)
         self.end = self.files.end_offset(self.end)
+        self._trim(persist=False)
         self.start = self.records[0].offset if self.records else self.end
-        if self.records:
-            self._trim(persist=True, force=True)
+        self.files.drop_before(self.start)
 
     @property
     def _chunk(self) -> int:
@@ -108,11 +108,10 @@ class _Partition:
         if len(self.records) >= self.retention + self._chunk:
             self._trim(persist=True)
 
-    def _trim(self, persist: bool, force: bool = False) -> None:
+    def _trim(self, persist: bool) -> None:
         drop = len(self.records) - self.retention
-        if drop <= 0 and not force:
+        if drop <= 0:
             return
-        drop = max(drop, 0)
         del self.records[:drop]
         del self.timestamps[:drop]
         self.start = self.records[0].offset if self.records else self.end
