@@ -1,0 +1,107 @@
+"""MovieLens and CSV readers, the rating mapping, and ``vidrec replay``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from feature_store.datasets import movielens_events, rating_events, Rating, time_shift
+from feature_store.events import EventType
+from feature_store.runtime import open_resources
+from feature_store.settings import Settings
+
+ML100K = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "ml-100k"
+MIN_TS = 946_684_800_000
+
+
+def write_tiny_ml100k(directory: Path) -> None:
+    """Three users, three movies, with a tie in time to exercise the tie-break."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "u.data").write_text(
+        "2\t1\t5\t881250949\n"
+        "1\t2\t1\t881250949\n"  # same second as the line above: user 1 sorts first
+        "1\t1\t3\t881250950\n"
+        "3\t3\t4\t881250960\n"
+        "3\t2\t2\t881250970\n"
+    )
+    flags = ["0"] * 19
+    action = flags.copy()
+    action[1] = "1"
+    comedy = flags.copy()
+    comedy[5] = comedy[8] = "1"
+    (directory / "u.item").write_text(
+        f"1|Toy Story (1995)|01-Jan-1995||http://x|{'|'.join(comedy)}\n"
+        f"2|GoldenEye (1995)|01-Jan-1995||http://x|{'|'.join(action)}\n"
+        f"3|Old Movie (1950)|01-Jan-1950||http://x|{'|'.join(flags)}\n"
+    )
+    (directory / "u.user").write_text("1|24|M|technician|85711\n2|53|F|other|94043\n")
+
+
+@pytest.mark.parametrize(
+    ("rating", "types"),
+    [
+        (5.0, ["impression", "play", "finish", "like"]),
+        (4.0, ["impression", "play", "finish"]),
+        (3.0, ["impression", "play"]),
+        (2.0, ["impression", "play"]),
+        (1.0, ["impression", "skip", "dislike"]),
+    ],
+)
+def test_rating_mapping(rating: float, types: list[str]) -> None:
+    events = rating_events(Rating("1", "2", rating, 1_000_000_000_000), 0)
+    assert [e.type.value for e in events] == types
+    assert [e.ts for e in events] == [1_000_000_000_000 + k for k in range(len(types))]
+    plays = [e for e in events if e.type == EventType.PLAY]
+    if rating == 2.0:
+        assert plays[0].watch_ratio() == pytest.approx(0.05)
+    if rating >= 4.0:
+        assert plays[0].watch_ratio() >= 0.9
+
+
+def test_shift_moves_old_data_past_the_minimum_and_keeps_spacing() -> None:
+    shift = time_shift(881_250_949_000, 881_250_970_000, MIN_TS, now_ms=1_800_000_000_000)
+    assert 881_250_949_000 + shift == MIN_TS + 86_400_000
+    assert time_shift(1_600_000_000_000, 1_700_000_000_000, MIN_TS) == 0
+
+
+def test_order_is_event_time_then_user_then_item(tmp_path: Path) -> None:
+    write_tiny_ml100k(tmp_path)
+    events, videos = movielens_events(tmp_path, MIN_TS)
+    firsts = [(e.user_id, e.video_id) for e in events if e.type == EventType.IMPRESSION]
+    assert firsts == [("ml1", "ml2"), ("ml2", "ml1"), ("ml1", "ml1"), ("ml3", "ml3"), ("ml3", "ml2")]
+    assert [e.ts for e in events] == sorted(e.ts for e in events)
+    by_id = {v.video_id: v for v in videos}
+    assert by_id["ml1"].category == "comedy" and by_id["ml1"].tags == ("comedy", "drama")
+    assert by_id["ml3"].creator_id == "decade-1950s"
+
+
+def test_vidrec_replay_writes_catalog_and_events(tmp_path: Path) -> None:
+    data = tmp_path / "ml"
+    write_tiny_ml100k(data)
+    env = {**os.environ, "VIDREC_DATA_DIR": str(tmp_path / "state")}
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "replay", str(data)], check=True, env=env, timeout=120
+    )
+    settings = Settings(data_dir=tmp_path / "state")
+    with open_resources(settings) as resources:
+        assert resources.catalog.count() == 3
+        consumer = resources.event_log.consumer("check")
+        consumed = []
+        while batch := consumer.poll(100, timeout_s=0.5):
+            consumed += batch
+        consumer.close()
+    ids = sorted(c.event.event_id for c in consumed)
+    assert len(ids) == 4 + 3 + 2 + 3 + 2  # ratings 5, 1, 3, 4, 2
+    assert ids[0] == "ml-1-1-0"
+
+
+@pytest.mark.skipif(not (ML100K / "u.data").is_file(), reason="ml-100k not present")
+def test_real_ml100k_maps_every_rating() -> None:
+    events, videos = movielens_events(ML100K, MIN_TS)
+    assert len(videos) == 1682
+    assert sum(e.type == EventType.IMPRESSION for e in events) == 100_000
+    assert events[0].ts == MIN_TS + 86_400_000
