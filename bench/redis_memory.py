@@ -58,7 +58,8 @@ def _write_rows(
 
 def measure(rows: int, dim: int, optimizer: str, chunk: int) -> dict[str, float]:
     state_width = dim if optimizer == "adagrad" else 2 * dim
-    with RedisServer() as server:
+    server = RedisServer()
+    with server:
         client = redis.Redis.from_url(server.url)
         try:
             version = client.info("server")["redis_version"]

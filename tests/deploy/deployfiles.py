@@ -49,8 +49,9 @@ def _binary(name: str, module: str | None = None) -> str | None:
             package = __import__(module)
         except ImportError:
             package = None
-        if package is not None and getattr(package, "__file__", None):
-            candidates.append(Path(package.__file__).parent / name)
+        location = getattr(package, "__file__", None)
+        if location is not None:
+            candidates.append(Path(location).parent / name)
     else:
         candidates.append(Path(sys.executable).parent / name)
     for path in candidates:

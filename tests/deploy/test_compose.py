@@ -4,6 +4,7 @@ user of ``docker compose up`` relies on."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from pathlib import Path
@@ -104,6 +105,8 @@ def test_kafka_is_a_single_kraft_node(config: dict[str, Any]) -> None:
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert not any("ZOOKEEPER" in key for key in env)
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    # KRaft formats its storage with this id: a UUID in unpadded base64url.
+    assert len(base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")) == 16
     mounts = {m["target"]: m["source"] for m in config["services"]["kafka"]["volumes"]}
     assert mounts[env["KAFKA_LOG_DIRS"]] == "kafka-data"
 
