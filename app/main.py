@@ -28,14 +28,14 @@ from fastapi.responses import JSONResponse
 from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
 from app.metrics import Metrics
-from app.service import open_service
+from app.service import Service, open_service
 from feature_store.errors import InvalidInput, VidrecError
 from feature_store.runtime import Resources, open_resources
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
 
-Extension = Callable[[Resources], AbstractContextManager[Any]]
+Extension = Callable[[Service], AbstractContextManager[Any]]
 """Something to run beside the API for the app's lifetime (embedded trainer, demo)."""
 
 
@@ -81,9 +81,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with ExitStack() as stack:
             res = resources or stack.enter_context(open_resources(settings))
-            app.state.service = stack.enter_context(open_service(res, metrics))
+            service = stack.enter_context(open_service(res, metrics))
             for extension in extensions:
-                stack.enter_context(extension(res))
+                stack.enter_context(extension(service))
+            app.state.service = service
             try:
                 yield
             finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from app.candidates.retrieval import Retriever
@@ -20,6 +20,7 @@ from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
 from app.scoring.onnx_model import LoadedModel, ModelHolder, load_model
 from app.scoring.scorer import Scorer
+from app.signal_feed import SignalFeed, run_signal_feed
 from feature_store.events import EventValidator
 from feature_store.runtime import Resources
 from feature_store.signals import CandidateSignals, attach_signals
@@ -40,6 +41,8 @@ class Service:
     popular: PopularList
     recommender: Recommender
     validator: EventValidator
+    feed: SignalFeed | None = None
+    """The signal feed, when this process runs it (``api.signal_feed``)."""
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -84,18 +87,19 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         recommender=recommender,
         validator=EventValidator(settings.limits),
     )
-    holder.start()
-    popular.maybe_refresh()
-    refresher = PopularRefresher(popular)
-    refresher.start()
-    model = holder.current
-    log.info(
-        "service ready to take requests: model %s on %s",
-        model.version if model else None,
-        model.provider if model else "-",
-    )
-    try:
+    with ExitStack() as stack:
+        holder.start()
+        stack.callback(holder.close)
+        if api.signal_feed:
+            service.feed = stack.enter_context(run_signal_feed(resources, signals))
+        popular.maybe_refresh()
+        refresher = PopularRefresher(popular)
+        refresher.start()
+        stack.callback(refresher.close)
+        model = holder.current
+        log.info(
+            "service ready to take requests: model %s on %s",
+            model.version if model else None,
+            model.provider if model else "-",
+        )
         yield service
-    finally:
-        refresher.close()
-        holder.close()

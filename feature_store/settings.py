@@ -172,6 +172,9 @@ class ApiSettings(_Section):
     """Neighbours kept per video in the co-visitation lists (strongest first)."""
     creator_videos: int = Field(50, ge=1, le=10_000)
     """Newest uploads kept per creator for the creator candidate source."""
+    signal_feed: bool = True
+    """Run the signal feed (a consumer group updating trending and co-visitation) in
+    the service process. Turn off only where another process records the signals."""
 
     @model_validator(mode="after")
     def _check_buckets(self) -> ApiSettings:

@@ -110,10 +110,21 @@ def session_options(settings: ApiSettings) -> ort.SessionOptions:
     return options
 
 
+_cuda_usable: bool | None = None
+"""Whether a CUDA session could be created in this process (None: not tried yet)."""
+
+
 def provider_preference(preference: str) -> list[str]:
-    """Providers to ask for, best first (``cuda`` still falls back to CPU)."""
+    """Providers to ask for, best first (``cuda`` still falls back to CPU).
+
+    onnxruntime-gpu lists CUDA as available whenever its library is
+    installed, GPU or not; the first session tells the truth, and once CUDA
+    failed ``auto`` stops asking for it (each attempt logs a loud error).
+    """
     available = ort.get_available_providers()
     if preference == "cpu" or CUDA not in available:
+        return [CPU]
+    if preference == "auto" and _cuda_usable is False:
         return [CPU]
     return [CUDA, CPU]
 
@@ -160,6 +171,9 @@ def load_model(
     if sorted(names) != sorted(expected):
         raise ModelLoadError(f"version {version}: inputs {names} != expected {expected}")
     provider = session.get_providers()[0]
+    global _cuda_usable
+    if CUDA in provider_preference(settings.onnx_provider):
+        _cuda_usable = provider == CUDA
     if settings.onnx_provider == "cuda" and provider != CUDA:
         log.warning("CUDA execution provider requested but unusable; serving on %s", provider)
     loaded = LoadedModel(

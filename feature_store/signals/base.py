@@ -106,7 +106,11 @@ def covisit_increments(
             by_user[event.user_id].append(event)
     pairs: dict[tuple[str, str], float] = defaultdict(float)
     for user_id, user_events in by_user.items():
-        prior = [h.video_id for h in (histories or {}).get(user_id, ())][:window]
+        in_batch = {e.video_id for e in user_events}
+        # A history read after the batch was applied already holds its videos;
+        # leaving them out makes both orders of writers count each pair once.
+        history = (histories or {}).get(user_id, ())
+        prior = [h.video_id for h in history if h.video_id not in in_batch][:window]
         for event in sorted(user_events, key=lambda e: e.ts):
             video = event.video_id
             for other in prior:

@@ -270,3 +270,18 @@ def test_health_readiness_metrics_status(client: TestClient) -> None:
     assert status["model"]["provider"] == "CPUExecutionProvider"
     assert client.get("/docs").status_code == 200
     assert "/v1/recommend" in client.get("/openapi.json").json()["paths"]
+
+
+def test_posted_events_reach_trending_and_covisit_within_two_seconds(client: TestClient) -> None:
+    put_videos(client, [video_json(video_id=f"t{i}") for i in range(4)])
+    now = int(time.time() * 1000)
+    events = [event_json(user_id="w1", video_id="t1", ts=now - 3000),
+              event_json(user_id="w1", video_id="t2", ts=now - 2000, type="like")]
+    started = time.monotonic()
+    assert client.post("/v1/events", json={"events": events}, headers=KEY).status_code == 200
+    service = service_of(client)
+    wait_for(lambda: dict(service.signals.covisited(["t1"], 5)).get("t2"), timeout_s=2)
+    assert {v for v, _ in service.signals.trending(5)} >= {"t1", "t2"}
+    assert time.monotonic() - started < 2
+    assert service.feed is not None
+    wait_for(lambda: service.feed.recorded >= 2, timeout_s=2)

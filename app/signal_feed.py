@@ -1,0 +1,100 @@
+"""The signal feed: keeps trending and co-visitation current from the event log.
+
+A consumer in its own group (``{namespace}-signals``) reads every event,
+looks up the users' recent histories (one round trip) and calls
+:meth:`~feature_store.signals.base.CandidateSignals.record`, then commits.
+It runs in the service process (``vidrec up`` and each ``vidrec serve``):
+the group splits partitions among the serving processes, so each event is
+recorded once (at least once across a crash: a replayed batch adds its counts
+again, which trending and co-visitation tolerate). Independent of the
+trainer, so candidate freshness does not wait for training steps.
+
+Disable with ``api.signal_feed = false`` where another process records the
+signals. A failing backend is logged and retried after a pause; the feed
+never takes the service down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from feature_store.errors import VidrecError
+from feature_store.eventlog.base import EventConsumer
+from feature_store.runtime import Resources
+from feature_store.signals.base import CandidateSignals
+
+log = logging.getLogger(__name__)
+
+POLL_RECORDS = 2000
+POLL_TIMEOUT_S = 0.1
+"""Longest wait for the first record of a poll: bounds the feed's added latency."""
+RETRY_PAUSE_S = 1.0
+
+
+def feed_group(resources: Resources) -> str:
+    return f"{resources.settings.event_log.topic_namespace}-signals"
+
+
+class SignalFeed:
+    """A thread consuming the event log into the candidate signals."""
+
+    def __init__(self, resources: Resources, signals: CandidateSignals) -> None:
+        self.resources = resources
+        self.signals = signals
+        self.recorded = 0
+        """Events recorded since start."""
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vidrec-signal-feed", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        consumer: EventConsumer | None = None
+        while not self._stop.is_set():
+            try:
+                if consumer is None:
+                    consumer = self.resources.event_log.consumer(feed_group(self.resources))
+                self.step(consumer)
+                self.last_error = None
+            except (VidrecError, OSError) as exc:
+                self.last_error = str(exc)
+                log.warning("signal feed: %s; retrying in %.0f s", exc, RETRY_PAUSE_S)
+                self._stop.wait(RETRY_PAUSE_S)
+            except Exception:  # keep feeding whatever happens to one batch
+                log.exception("signal feed batch failed")
+                self._stop.wait(RETRY_PAUSE_S)
+        if consumer is not None:
+            consumer.close()
+
+    def step(self, consumer: EventConsumer) -> int:
+        """Record one polled batch; returns how many events it held."""
+        records = consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
+        if not records:
+            return 0
+        events = [r.event for r in records]
+        users = list(dict.fromkeys(e.user_id for e in events))
+        histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
+        self.signals.record(events, histories)
+        consumer.commit()
+        self.recorded += len(events)
+        return len(events)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+
+@contextmanager
+def run_signal_feed(resources: Resources, signals: CandidateSignals) -> Iterator[SignalFeed]:
+    feed = SignalFeed(resources, signals)
+    feed.start()
+    try:
+        yield feed
+    finally:
+        feed.close()

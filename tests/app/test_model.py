@@ -1,0 +1,151 @@
+"""Loading, warming and hot-swapping exported models; the request feature extractor."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.scoring.features import RequestFeatureExtractor
+from app.scoring.onnx_model import ModelHolder, ModelLoadError, load_model
+from app.scoring.scorer import Scorer
+from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.events import EventContext
+from feature_store.features import FeatureExtractor, FeatureRow, default_schema
+from feature_store.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
+from feature_store.settings import ApiSettings
+from tests.app.conftest import KEY, publish_model, service_of, wait_for
+from tests.factories import make_video
+
+SCHEMA = default_schema()
+API = ApiSettings(batch_buckets=(16, 512), model_poll_interval_s=0.05)
+
+
+def zero_tables() -> dict[str, object]:
+    class Zeros:
+        def __init__(self, dim: int) -> None:
+            self.dim = dim
+
+        def pull(self, keys: np.ndarray, *, train: bool = False) -> np.ndarray:
+            return np.zeros((len(keys), self.dim), dtype=np.float32)
+
+    dims = {**SCHEMA.table_dims(), "wide": 1}
+    return {name: Zeros(dim) for name, dim in dims.items()}
+
+
+@pytest.mark.parametrize("history_len", [0, 3, 40])
+def test_request_features_equal_the_generic_extractor(history_len: int) -> None:
+    videos = [
+        make_video(video_id=f"x{i}", creator_id=f"c{i % 4}", tags=tuple(f"t{j}" for j in range(i % 11)),
+                   duration_ms=1000 + 997 * i)
+        for i in range(37)
+    ]
+    history = [HistoryEntry(video_id=f"x{i}", watch_ratio=0.4, ts=1) for i in range(history_len)]
+    stats = [
+        VideoStats(plays=i, impressions=3 * i, likes=i % 2, skips=i % 5, finishes=i % 3,
+                   last_ts=0 if i % 4 == 0 else 1_700_000_000_000 + i)
+        for i in range(37)
+    ]
+    context = EventContext(device="tv", country="DE", surface="home", position=33)
+    ts = 1_700_000_900_000
+    rows = [FeatureRow("u9", v.video_id, ts, v, context, tuple(history), s)
+            for v, s in zip(videos, stats, strict=True)]
+    want = FeatureExtractor(SCHEMA).extract(rows)
+    extractor = RequestFeatureExtractor(SCHEMA)
+    for _ in range(2):  # the second pass reads the per-video key cache
+        got = extractor.extract_request("u9", ts, context, history, videos, stats)
+        for table, keys in want.table_keys.items():
+            np.testing.assert_array_equal(got.table_keys[table], keys)
+        for column, idx in want.column_indices.items():
+            np.testing.assert_array_equal(got.column_indices[column], idx)
+        np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
+        np.testing.assert_array_equal(got.wide_indices, want.wide_indices)
+        np.testing.assert_allclose(got.dense, want.dense, rtol=1e-6)
+
+
+def test_padding_to_a_bucket_does_not_change_scores(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    version = publish_model(registry, SCHEMA, seed=3)
+    scorer = Scorer(SCHEMA, zero_tables())  # type: ignore[arg-type]
+    model = load_model(registry, version, SCHEMA, "main", API, scorer.warm)
+    assert model.provider == "CPUExecutionProvider"
+    videos = [make_video(video_id=f"p{i}", category=f"k{i % 3}") for i in range(20)]
+    stats = [VideoStats(plays=i) for i in range(20)]
+    args = ("u1", 1_700_000_000_000, EventContext(), [], videos, stats)
+    padded = scorer.score(model, *args)  # 20 rows padded to 512
+    batch = scorer.features(*args)
+    rows, wide = scorer.pull(batch)
+    from feature_store import model_io
+
+    exact = model.run(model_io.build_feed(SCHEMA, batch, rows, wide))
+    np.testing.assert_allclose(padded, exact, rtol=1e-5)
+    assert len(set(np.round(padded, 6).tolist())) > 1  # the videos' features matter
+
+
+def test_schema_or_family_mismatch_is_refused(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    version = publish_model(registry, SCHEMA)
+    scorer = Scorer(SCHEMA, zero_tables())  # type: ignore[arg-type]
+    with pytest.raises(ModelLoadError, match="family"):
+        load_model(registry, version, SCHEMA, "other", API, scorer.warm)
+    manifest = registry.versions_dir / version / MANIFEST_FILE
+    data = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**data, "schema_hash": "0" * 16}))
+    with pytest.raises(ModelLoadError, match="schema_hash"):
+        load_model(registry, version, SCHEMA, "main", API, scorer.warm)
+
+
+def test_holder_swaps_and_keeps_old_on_broken_version(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    scorer = Scorer(SCHEMA, zero_tables())  # type: ignore[arg-type]
+    failures: list[str] = []
+    holder = ModelHolder(
+        registry,
+        lambda v: load_model(registry, v, SCHEMA, "main", API, scorer.warm),
+        0.05,
+        on_failure=lambda v, exc: failures.append(v),
+    )
+    assert holder.poll_once() is False and holder.current is None
+    first = publish_model(registry, SCHEMA, seed=1)
+    holder.start()
+    try:
+        assert holder.current is not None and holder.current.version == first
+        old = holder.current
+        second = publish_model(registry, SCHEMA, seed=2)
+        wait_for(lambda: holder.current is not None and holder.current.version == second)
+        # A request that took the old model before the swap still completes on it.
+        videos = [make_video() for _ in range(3)]
+        assert len(scorer.score(old, "u", 0, EventContext(), [], videos, [VideoStats()] * 3)) == 3
+        broken = publish_model(registry, SCHEMA, seed=3, activate=False)
+        (registry.versions_dir / broken / MODEL_FILE).write_bytes(b"not an onnx file")
+        registry.activate(broken)
+        wait_for(lambda: broken in holder.failed)
+        assert holder.current.version == second
+        assert failures == [broken]
+        time.sleep(0.2)
+        assert failures == [broken]  # not retried while the pointer stays
+        registry.rollback()
+        time.sleep(0.2)
+        assert holder.current.version == second
+    finally:
+        holder.close()
+
+
+def test_service_hot_swaps_over_http(client: TestClient) -> None:
+    service = service_of(client)
+    registry = service.resources.registry
+    client.put("/v1/videos", json={"videos": [json.loads(make_video(video_id="hs1").model_dump_json())]},
+               headers=KEY)
+    first = publish_model(registry, SCHEMA, seed=1)
+    wait_for(lambda: client.post("/v1/recommend", json={"user_id": "a", "candidates": ["hs1"]}).json()["model_version"] == first)
+    second = publish_model(registry, SCHEMA, seed=2)
+    got = wait_for(
+        lambda: (r := client.post("/v1/recommend", json={"user_id": "a", "candidates": ["hs1"]}).json())["model_version"] == second and r
+    )
+    assert got["items"][0]["video_id"] == "hs1"
+    metrics = client.get("/metrics").text
+    assert "vidrec_model_swaps_total 2.0" in metrics
