@@ -39,7 +39,7 @@ def test_restart_keeps_records_offsets_and_dead_letters(tmp_path: Path) -> None:
         consumer.commit()
         drain(consumer, 5)  # read, never committed: must come again after restart
         ends = log.end_offsets()
-    assert (tmp_path / "eventlog" / "vidrec" / "offsets.json").exists()
+    assert (tmp_path / "vidrec" / "offsets.json").exists()
 
     with open_event_log(settings(), data_dir=tmp_path) as log:
         assert log.end_offsets() == ends
