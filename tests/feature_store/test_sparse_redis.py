@@ -146,3 +146,13 @@ def test_two_trainers_admitting_the_same_keys_agree(redis_url: str) -> None:
     assert sum(t.stats().admissions for t in tables) == len(keys), "each row created once"
     for c in clients:
         c.close()
+
+
+def test_a_refused_transaction_leaves_the_connection_in_step(client: redis.Redis) -> None:
+    table = RedisSparseTable(SPEC, SparseSettings(), client)
+    bad = b"*1\r\n$3\r\nSET\r\n"  # refused when queued: wrong number of arguments
+    with table._connection() as conn:  # noqa: SLF001
+        with pytest.raises(redis.ResponseError):
+            table._transaction(conn, bad * 3, 3)  # noqa: SLF001
+        conn.send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+        assert conn.read_response() == b"PONG", "every reply of the failed EXEC was consumed"
