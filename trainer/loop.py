@@ -113,6 +113,8 @@ class OnlineTrainer:
         self._thread_id: int | None = None
         self._consumer: EventConsumer | None = None
         self._broken = False
+        self._dirty = False
+        """Trained or consumed anything since the last checkpoint."""
         self.state = "idle"
         self.last_version: str | None = None
         self.last_point: dict[str, Any] = {}
@@ -173,7 +175,7 @@ class OnlineTrainer:
             self.state = "stopping"
             try:
                 self._serve_requests()
-                if not self._broken:
+                if not self._broken and self._dirty:
                     self.checkpoint(consumer)
             finally:
                 self._fail_requests()
@@ -197,6 +199,7 @@ class OnlineTrainer:
     def train_records(self, records: list[ConsumedEvent]) -> None:
         """Dedupe, label, train and record one polled batch; advances positions."""
         started = time.perf_counter()
+        self._dirty = True
         fresh = self.dedupe.admit([r.event.event_id for r in records])
         events = [records[i].event for i in fresh]
         partitions = [records[i].partition for i in fresh]
@@ -227,6 +230,7 @@ class OnlineTrainer:
         """One training step over ``samples``; returns the batch's unique key count."""
         if not samples:
             return 0
+        self._dirty = True
         catalog, activity = self.resources.catalog, self.resources.activity
         if lookup is None:
             lookup = self._retry(lambda: Lookup(catalog, [s.event for s in samples]))
@@ -294,7 +298,7 @@ class OnlineTrainer:
         )
         if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
             self.export(cfg.auto_activate)
-        if now - self._last_checkpoint >= cfg.checkpoint_every_s:
+        if now - self._last_checkpoint >= cfg.checkpoint_every_s and self._dirty:
             self.checkpoint(consumer)
 
     def _serve_requests(self) -> None:
@@ -377,6 +381,7 @@ class OnlineTrainer:
         with self._lock:
             self.checkpointer.save(seq, write)
         self.seq = seq
+        self._dirty = False
         self._trained_ids = []
         self._last_checkpoint = time.monotonic()
         (self.root / JOURNAL_FILE).unlink(missing_ok=True)
