@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,27 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 def service_of(client: TestClient) -> Any:
     return client.app.state.service  # type: ignore[attr-defined]
+
+
+@contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """Run ``app`` under uvicorn on a free port (real sockets); yields its base URL."""
+    import threading
+
+    import uvicorn
+
+    from tests.services import free_port
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started or not thread.is_alive(), timeout_s=60)
+        if not server.started:
+            raise RuntimeError("the app failed to start (see the log)")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
