@@ -117,19 +117,15 @@ def needs_redis(settings: Settings) -> bool:
 
 
 def open_redis(settings: Settings) -> redis.Redis:
-    """A redis-py client for the configured server (or cluster seed)."""
-    import redis as redis_lib
+    """A redis-py client for the configured server, with a short retry policy.
 
-    if settings.redis.cluster:
-        return redis_lib.RedisCluster.from_url(  # type: ignore[return-value]
-            settings.redis.url, socket_timeout=settings.redis.socket_timeout_s
-        )
-    return redis_lib.Redis.from_url(
-        settings.redis.url,
-        socket_timeout=settings.redis.socket_timeout_s,
-        socket_connect_timeout=settings.redis.socket_timeout_s,
-        max_connections=settings.redis.max_connections,
-    )
+    redis-py's default (10 retries with backoff) would stall a request or a
+    batch for seconds when Redis is down; callers prefer a fast, clear error
+    and their own fallback.
+    """
+    from feature_store.sparse.factory import connect_redis
+
+    return connect_redis(settings.redis)
 
 
 @contextmanager
