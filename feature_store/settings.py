@@ -185,6 +185,33 @@ class ApiSettings(_Section):
         return self
 
 
+class DashboardSettings(_Section):
+    """The operators' page at ``/dashboard`` (``app.dashboard``).
+
+    Viewing needs ``api.admin_key`` or ``viewer_key``; actions (export,
+    promote, rollback, pause, resume, retrain) need the admin key.
+    """
+
+    viewer_key: SecretStr | None = None
+    """Optional read-only key: sees the dashboard, cannot act. None: admin key only."""
+    refresh_ms: int = Field(2000, ge=200, le=60_000)
+    """How often the page polls for fresh figures, ms."""
+    sample_every_s: float = Field(1.0, gt=0)
+    """Seconds between samples of the serving metrics (rates, latency quantiles)."""
+    rate_window_s: float = Field(10.0, gt=0)
+    """Window over which requests/s, fallback rates and latency quantiles are computed, s."""
+    history_points: int = Field(900, ge=10, le=100_000)
+    """Serving samples kept in memory for the page's charts."""
+    table_stats_every_s: float = Field(10.0, gt=0)
+    """Seconds between sparse-table stats reads (a Redis table counts rows by SCAN)."""
+    lag_warning_records: int = Field(10_000, ge=0)
+    """Consumer lag above which a running trainer is shown as ``lagging``."""
+    ack_timeout_s: float = Field(60.0, gt=0)
+    """Longest an action waits for the trainer's final acknowledgement, s."""
+    audit_shown: int = Field(100, ge=1, le=10_000)
+    """Most recent audit entries shown on the page."""
+
+
 class TrainerSettings(_Section):
     """The online trainer (``vidrec train``, or a thread of ``vidrec up``).
 
@@ -269,6 +296,7 @@ class Settings(BaseSettings):
     features: FeatureSettings = FeatureSettings()
     trainer: TrainerSettings = TrainerSettings()
     api: ApiSettings = ApiSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
     @model_validator(mode="after")
     def _enforce_production_safety(self) -> Settings:
@@ -286,6 +314,11 @@ class Settings(BaseSettings):
                         f"api.{name}: production needs a secret of at least 16 characters, "
                         "not the development default"
                     )
+            viewer = self.dashboard.viewer_key
+            if viewer is not None and len(viewer.get_secret_value()) < 16:
+                raise ConfigurationError(
+                    "dashboard.viewer_key: production needs a secret of at least 16 characters"
+                )
         return self
 
 
