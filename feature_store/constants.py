@@ -42,6 +42,13 @@ TRAINER_METRICS = f"{REDIS_ROOT}:trainer:metrics:"
 TRAINER_STATUS = f"{REDIS_ROOT}:trainer:status:"
 """A trainer's heartbeat (JSON, with a TTL): ``{TRAINER_STATUS}{group_id}``."""
 
+CONTROL_COMMANDS = f"{REDIS_ROOT}:control:cmd"
+"""Capped stream of operator commands to trainers (``feature_store.control``)."""
+CONTROL_ACKS = f"{REDIS_ROOT}:control:ack"
+"""Capped stream of trainers' acknowledgements of those commands."""
+DASHBOARD_AUDIT = f"{REDIS_ROOT}:dashboard:audit"
+"""Capped stream of the dashboard's audit log (who did what, when, with what outcome)."""
+
 # --- Kafka topics --------------------------------------------------------
 
 
