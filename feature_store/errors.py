@@ -5,6 +5,7 @@
     ├── PayloadTooLarge (413)        a body or batch over its size limit
     ├── NotFound (404)               an id that does not exist
     ├── Unauthorized (401)           missing or wrong API key
+    ├── Forbidden (403)              a valid key whose role may not do this
     ├── Conflict (409)               a state change that cannot apply now
     ├── ConfigurationError (500)     settings that cannot work
     └── BackendUnavailable (503)     Redis or Kafka unreachable or failing
@@ -63,6 +64,12 @@ class Unauthorized(VidrecError):
     """Missing or wrong API key."""
 
     http_status = 401
+
+
+class Forbidden(VidrecError):
+    """A valid key whose role may not do this (the dashboard's viewer key acting)."""
+
+    http_status = 403
 
 
 class Conflict(VidrecError):
