@@ -15,7 +15,7 @@ are for the orchestrator and the scraper).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from fastapi import Request, Security
@@ -43,10 +43,10 @@ def _keys_for(role: Role, settings: ApiSettings) -> list[str] | None:
     return [settings.read_key.get_secret_value(), write, admin]
 
 
-def require(role: Role) -> Callable[..., None]:
+def require(role: Role) -> Callable[..., Awaitable[None]]:
     """A dependency that raises :class:`Unauthorized` without a key granting ``role``."""
 
-    def check(
+    async def check(
         request: Request,
         api_key: str | None = Security(_api_key_header),
         bearer: HTTPAuthorizationCredentials | None = Security(_bearer),

@@ -8,8 +8,8 @@ from app.service import Service
 from feature_store.errors import BackendUnavailable
 
 
-def get_service(request: Request) -> Service:
-    """The app's :class:`Service` (set by the lifespan)."""
+async def get_service(request: Request) -> Service:
+    """The app's :class:`Service` (set by the lifespan). Async: no thread-pool hop."""
     service: Service | None = getattr(request.app.state, "service", None)
     if service is None:
         raise BackendUnavailable("the service is starting or stopping")

@@ -20,7 +20,6 @@ Columns whose source this module does not know fall back to the generic path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
@@ -59,16 +58,45 @@ _stat_row = attrgetter(*_STAT_FIELDS)
 _CACHE_MAX = 200_000
 
 
-@dataclass
-class _VideoKeys:
-    """Hashed keys of one catalog record's video-level columns."""
+class _VideoTable:
+    """Video-level keys and numbers of every video seen, one row per video.
 
-    video: Video
-    categorical: tuple[int, ...]
-    """Keys of the video-level categorical columns, in schema order."""
-    multi: dict[str, Keys]
-    numbers: tuple[int, int]
-    """``(uploaded_at, duration_ms)`` for the dense columns."""
+    Gathering 500 rows is one fancy-indexing op per matrix instead of 500
+    Python-level conversions. A row is reused while its catalog record is the
+    same object (memory catalog) or equal (Redis returns fresh objects);
+    a changed record gets a fresh row. Emptied when it reaches ``_CACHE_MAX``.
+    """
+
+    def __init__(self, n_categorical: int, multi_lens: dict[str, int]) -> None:
+        self.n_categorical = n_categorical
+        self.multi_lens = multi_lens
+        self.clear()
+
+    def clear(self, capacity: int = 1024) -> None:
+        self.row_of: dict[str, int] = {}
+        self.videos: list[Video] = []
+        self.categorical = np.zeros((capacity, self.n_categorical), dtype=np.uint64)
+        self.numbers = np.zeros((capacity, 2), dtype=np.float64)
+        self.multi = {n: np.zeros((capacity, k), dtype=np.uint64) for n, k in self.multi_lens.items()}
+        self.multi_len = {n: np.zeros(capacity, dtype=np.int64) for n in self.multi_lens}
+
+    def add(self, video: Video, categorical: list[int], multi: dict[str, Keys]) -> int:
+        row = len(self.videos)
+        if row == len(self.numbers):
+            grow = len(self.numbers)
+            self.categorical = np.concatenate([self.categorical, np.zeros_like(self.categorical[:grow])])
+            self.numbers = np.concatenate([self.numbers, np.zeros_like(self.numbers[:grow])])
+            for n in self.multi:
+                self.multi[n] = np.concatenate([self.multi[n], np.zeros_like(self.multi[n][:grow])])
+                self.multi_len[n] = np.concatenate([self.multi_len[n], np.zeros(grow, np.int64)])
+        self.videos.append(video)
+        self.row_of[video.video_id] = row
+        self.categorical[row] = categorical
+        self.numbers[row] = (video.uploaded_at, video.duration_ms)
+        for n, keys in multi.items():
+            self.multi[n][row, : len(keys)] = keys
+            self.multi_len[n][row] = len(keys)
+        return row
 
 
 class RequestFeatureExtractor(FeatureExtractor):
@@ -81,8 +109,11 @@ class RequestFeatureExtractor(FeatureExtractor):
             and all(c.source in REQUEST_MULTI | VIDEO_MULTI for c in schema.multi_valued)
             and all(c.source in VECTOR_DENSE for c in schema.dense)
         )
-        self._video_cache: dict[str, _VideoKeys] = {}
-        self._video_columns = [c.name for c in schema.categorical if c.source in VIDEO_CATEGORICAL]
+        self._video_columns = [c for c in schema.categorical if c.source in VIDEO_CATEGORICAL]
+        self._video_multi = [c for c in schema.multi_valued if c.source in VIDEO_MULTI]
+        self._table = _VideoTable(
+            len(self._video_columns), {c.name: c.max_len for c in self._video_multi}
+        )
 
     def extract_request(
         self,
@@ -102,14 +133,13 @@ class RequestFeatureExtractor(FeatureExtractor):
             return self.extract(rows)
         batch = len(videos)
         template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
-        cached = [self._keys_of(v) for v in videos]
+        idx = self._rows_of(videos)
+        table = self._table
         raw: dict[str, Keys] = {}
         lengths: dict[str, npt.NDArray[np.int64]] = {}
-        if self._video_columns:
-            matrix = np.array([c.categorical for c in cached], dtype=np.uint64)
-            matrix = matrix.reshape(batch, len(self._video_columns))
-            for j, name in enumerate(self._video_columns):
-                raw[name] = matrix[:, j]
+        gathered = table.categorical[idx]
+        for j, col in enumerate(self._video_columns):
+            raw[col.name] = gathered[:, j]
         for col in self.schema.categorical:
             if col.source in REQUEST_CATEGORICAL:
                 value = CATEGORICAL_SOURCES[col.source](template)
@@ -122,38 +152,37 @@ class RequestFeatureExtractor(FeatureExtractor):
                 raw[multi.name] = np.tile(keys, batch)
                 lengths[multi.name] = np.full(batch, len(values), dtype=np.int64)
             else:
-                parts = [c.multi[multi.name] for c in cached]
-                lengths[multi.name] = np.fromiter(map(len, parts), np.int64, batch)
-                raw[multi.name] = (
-                    np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-                )
+                counts = table.multi_len[multi.name][idx]
+                mask = np.arange(multi.max_len) < counts[:, None]
+                raw[multi.name] = table.multi[multi.name][idx][mask]  # row-major: as concatenated
+                lengths[multi.name] = counts
         table_keys, column_indices = self._index_tables(batch, raw, lengths)
         wide_keys, wide_indices = self._index_wide(batch, raw)
-        numbers = np.array([c.numbers for c in cached], dtype=np.float64).reshape(batch, 2)
-        dense = self._dense(ts_ms, history, numbers, stats)
+        dense = self._dense(ts_ms, history, table.numbers[idx], stats)
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
 
-    def _keys_of(self, video: Video) -> _VideoKeys:
-        entry = self._video_cache.get(video.video_id)
-        if entry is not None and (entry.video is video or entry.video == video):
-            return entry
+    def _rows_of(self, videos: Sequence[Video]) -> npt.NDArray[np.int64]:
+        table = self._table
+        if len(table.videos) + len(videos) > _CACHE_MAX:
+            table.clear()
+        row_of, cached = table.row_of, table.videos
+        rows = [row_of.get(v.video_id, -1) for v in videos]
+        for i, (row, video) in enumerate(zip(rows, videos, strict=True)):
+            if row < 0 or (cached[row] is not video and cached[row] != video):
+                rows[i] = self._add(video)
+        return np.fromiter(rows, np.int64, len(rows))
+
+    def _add(self, video: Video) -> int:
         row = FeatureRow("", video.video_id, 0, video)
-        categorical = tuple(
+        categorical = [
             int(self._hasher(c.space()).hash_many([CATEGORICAL_SOURCES[c.source](row)])[0])
-            for c in self.schema.categorical
-            if c.source in VIDEO_CATEGORICAL
-        )
+            for c in self._video_columns
+        ]
         multi = {
             c.name: self._hasher(c.space()).hash_many(MULTI_SOURCES[c.source](row)[: c.max_len])
-            for c in self.schema.multi_valued
-            if c.source in VIDEO_MULTI
+            for c in self._video_multi
         }
-        if len(self._video_cache) >= _CACHE_MAX:
-            self._video_cache.clear()
-        entry = self._video_cache[video.video_id] = _VideoKeys(
-            video, categorical, multi, (video.uploaded_at, video.duration_ms)
-        )
-        return entry
+        return self._table.add(video, categorical, multi)
 
     def _dense(
         self,

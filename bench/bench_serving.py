@@ -1,0 +1,299 @@
+"""Recommend latency and throughput over HTTP, beside the floor of the same work without HTTP.
+
+    python bench/bench_serving.py [--requests 2000] [--candidates 500] [--backend memory|redis]
+
+1. Prepares a data directory: a synthetic catalog (5,000 videos), 50,000
+   synthetic events applied to the activity store and the candidate signals,
+   every sparse row the benchmark's requests touch admitted (so pulls return
+   real rows), and an exported WideDeep model (hidden 128-64) activated.
+2. Starts ``vidrec serve`` on it in a subprocess: one uvicorn worker.
+3. From this (second) process, sends a fixed number of ``POST /v1/recommend``
+   requests with 500 given candidates over keep-alive HTTP/1.1: first one at
+   a time (latency: p50, p99), then from 4 client threads (requests/s).
+   A retrieval run (no candidates: the sources pick up to 500) follows.
+4. Measures the floor in this process on the same data: the same sparse pulls
+   and ONNX run for the same requests, without HTTP, JSON or candidate work,
+   and the whole in-process recommend for reference.
+
+Results are printed and written to ``bench/results/serving.json``. The
+client shares the machine's cores with the server, as a second process on
+the same host would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from feature_store.settings import Settings  # noqa: E402
+
+N_VIDEOS = 5_000
+N_USERS = 2_000
+N_EVENTS = 50_000
+DISTINCT_REQUESTS = 200
+
+
+def bench_settings(data_dir: Path, backend: str, redis_url: str | None) -> Settings:
+    extra: dict[str, Any] = {}
+    if backend == "redis":
+        extra = {
+            "redis": {"url": redis_url},
+            "sparse": {"backend": "redis"},
+            "stores": {"backend": "redis"},
+        }
+    return Settings(data_dir=data_dir, api={"signal_feed": False}, **extra)
+
+
+def make_requests(count: int, candidates: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        user = int(rng.integers(0, N_USERS))
+        ids = rng.choice(N_VIDEOS, size=candidates, replace=False)
+        out.append({
+            "user_id": f"u{user}",
+            "candidates": [f"v{int(i)}" for i in ids],
+            "count": 20,
+            "exclude_seen": False,
+            "context": {"device": "phone", "surface": "home", "country": "US"},
+        })
+    return out
+
+
+def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
+    """Fill the data directory (or Redis); returns the model version."""
+    from app.schemas import RecommendRequest
+    from app.scoring.features import RequestFeatureExtractor
+    from feature_store.features.schema import WIDE_TABLE
+    from feature_store.runtime import open_resources
+    from feature_store.signals import attach_signals
+    from feature_store.synthetic import SyntheticWorld, WorldConfig
+    from trainer.export import publish
+    from trainer.model import WideDeep
+
+    world = SyntheticWorld(WorldConfig(users=N_USERS, videos=N_VIDEOS, seed=1,
+                                       start_ts=int(time.time() * 1000) - 86_400_000))
+    with open_resources(settings) as res:
+        videos = world.videos()
+        res.catalog.upsert(videos)
+        signals = attach_signals(res)
+        signals.index_videos(videos)
+        events = world.events(N_EVENTS)
+        durations = {v.video_id: v.duration_ms for v in videos}
+        for start in range(0, len(events), 5000):
+            chunk = events[start : start + 5000]
+            res.activity.record(chunk, durations)
+            signals.record(chunk)
+        extractor = RequestFeatureExtractor(res.schema)
+        by_id = {v.video_id: v for v in videos}
+        now = int(time.time() * 1000)
+        for body in requests:
+            req = RecommendRequest.model_validate(body)
+            cand = [by_id[c] for c in req.candidates or []]
+            history = res.activity.history(req.user_id)
+            stats = res.activity.video_stats([v.video_id for v in cand])
+            batch = extractor.extract_request(req.user_id, now, req.context, history, cand, stats)
+            for table, keys in batch.table_keys.items():
+                res.tables[table].pull(keys, train=True)  # admits: rows get initial weights
+            res.tables[WIDE_TABLE].pull(batch.wide_keys, train=True)
+        version = publish(res.registry, WideDeep(res.schema), res.schema,
+                          family=settings.sparse.model_name, training_position={}, metrics={},
+                          activate=True, keep=5)
+    return version
+
+
+class Server:
+    """``vidrec serve`` in a subprocess."""
+
+    def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
+        self.port = port
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "serve",
+             "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT, env={**os.environ, **env},
+        )
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("server not ready")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def run_load(port: int, bodies: list[bytes], total: int, threads: int) -> dict[str, Any]:
+    """``total`` requests from ``threads`` keep-alive connections; latencies in ms."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    counter = iter(range(total))
+    errors = 0
+
+    def worker() -> None:
+        nonlocal errors
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        local: list[float] = []
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                break
+            body = bodies[i % len(bodies)]
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/recommend", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+            local.append((time.perf_counter() - t0) * 1000)
+            if response.status != 200 or b'"items":[{' not in data:
+                errors += 1
+        conn.close()
+        with lock:
+            latencies.extend(local)
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - started
+    return summary(latencies) | {"requests": total, "threads": threads, "errors": errors,
+                                 "requests_per_s": round(total / elapsed, 1)}
+
+
+def summary(ms: list[float]) -> dict[str, float]:
+    arr = np.asarray(ms)
+    return {
+        "p50_ms": round(float(np.percentile(arr, 50)), 3),
+        "p90_ms": round(float(np.percentile(arr, 90)), 3),
+        "p99_ms": round(float(np.percentile(arr, 99)), 3),
+        "mean_ms": round(float(arr.mean()), 3),
+    }
+
+
+def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    """The same pulls and ONNX run in-process; and the whole recommend without HTTP."""
+    from app.schemas import RecommendRequest
+    from app.service import open_service
+    from feature_store.runtime import open_resources
+
+    with open_resources(settings) as res, open_service(res) as service:
+        model = service.model
+        assert model is not None
+        scorer = service.scorer
+        now = int(time.time() * 1000)
+        prepared = []
+        for body in requests:
+            req = RecommendRequest.model_validate(body)
+            cand = [v for v in res.catalog.get_many(req.candidates or []) if v is not None]
+            history = res.activity.history(req.user_id)
+            stats = res.activity.video_stats([v.video_id for v in cand])
+            prepared.append(scorer.features(req.user_id, now, req.context, history, cand, stats))
+        pull_run: list[float] = []
+        features: list[float] = []
+        for i in range(total):
+            batch = prepared[i % len(prepared)]
+            t0 = time.perf_counter()
+            rows, wide = scorer.pull(batch)
+            scorer.run(model, batch, rows, wide)
+            pull_run.append((time.perf_counter() - t0) * 1000)
+        parsed = [RecommendRequest.model_validate(b) for b in requests]
+        for i in range(total):
+            t0 = time.perf_counter()
+            service.recommender.recommend(parsed[i % len(parsed)])
+            features.append((time.perf_counter() - t0) * 1000)
+        return {
+            "pull_and_onnx": summary(pull_run),
+            "recommend_in_process": summary(features),
+            "provider": model.provider,
+            "unique_keys_per_request": int(np.mean([b.unique_key_count for b in prepared])),
+        }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--candidates", type=int, default=500)
+    parser.add_argument("--backend", choices=["memory", "redis"], default="memory")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving.json"))
+    args = parser.parse_args()
+
+    import tempfile
+
+    from tests.services import RedisServer, free_port
+
+    redis_server = RedisServer() if args.backend == "redis" else None
+    if redis_server is not None:
+        redis_server.start()
+    data_dir = Path(tempfile.mkdtemp(prefix="vidrec-bench-"))
+    settings = bench_settings(data_dir, args.backend, redis_server.url if redis_server else None)
+    requests = make_requests(DISTINCT_REQUESTS, args.candidates)
+    t0 = time.perf_counter()
+    version = prepare(settings, requests)
+    print(f"prepared {data_dir} in {time.perf_counter() - t0:.1f} s; model {version}")
+
+    env = {"VIDREC_API__SIGNAL_FEED": "false"}
+    if args.backend == "redis":
+        env |= {"VIDREC_REDIS__URL": redis_server.url, "VIDREC_SPARSE__BACKEND": "redis",  # type: ignore[union-attr]
+                "VIDREC_STORES__BACKEND": "redis"}
+    port = free_port()
+    server = Server(data_dir, port, env)
+    results: dict[str, Any] = {}
+    try:
+        server.wait_ready()
+        given = [json.dumps(b).encode() for b in requests]
+        retrieval = [json.dumps({"user_id": b["user_id"], "count": 20,
+                                 "context": b["context"]}).encode() for b in requests]
+        run_load(port, given, 300, 1)  # warm: connections, caches, allocator
+        results["http_given_candidates_sequential"] = run_load(port, given, args.requests, 1)
+        results["http_given_candidates_4_clients"] = run_load(port, given, args.requests, 4)
+        run_load(port, retrieval, 200, 1)
+        results["http_retrieval_sequential"] = run_load(port, retrieval, args.requests, 1)
+    finally:
+        server.stop()
+    results["floor"] = floor(settings, requests, args.requests)
+    if redis_server is not None:
+        redis_server.stop()
+    seq = results["http_given_candidates_sequential"]
+    results["p50_over_floor"] = round(seq["p50_ms"] / results["floor"]["pull_and_onnx"]["p50_ms"], 2)
+    results["meta"] = {
+        "backend": args.backend,
+        "candidates": args.candidates,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+    print(json.dumps(results, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
