@@ -28,9 +28,15 @@ import numpy.typing as npt
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
-from feature_store.features.columns import CATEGORICAL_SOURCES, MULTI_SOURCES, FeatureRow
-from feature_store.features.extract import BatchFeatures, FeatureExtractor
-from feature_store.features.keys import Keys
+from feature_store.features.columns import (
+    CATEGORICAL_SOURCES,
+    MULTI_SOURCES,
+    Categorical,
+    FeatureRow,
+    MultiValued,
+)
+from feature_store.features.extract import BatchFeatures, FeatureExtractor, Indices
+from feature_store.features.keys import Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
 
 REQUEST_CATEGORICAL = {"user_id", "device", "os", "country", "surface", "hour_of_day", "position_bucket"}
@@ -111,6 +117,9 @@ class RequestFeatureExtractor(FeatureExtractor):
         )
         self._video_columns = [c for c in schema.categorical if c.source in VIDEO_CATEGORICAL]
         self._video_multi = [c for c in schema.multi_valued if c.source in VIDEO_MULTI]
+        self._by_table: dict[str, list[Categorical | MultiValued]] = {}
+        for col in schema.embedded:
+            self._by_table.setdefault(col.table_name(), []).append(col)
         self._table = _VideoTable(
             len(self._video_columns), {c.name: c.max_len for c in self._video_multi}
         )
@@ -135,31 +144,111 @@ class RequestFeatureExtractor(FeatureExtractor):
         template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
         idx = self._rows_of(videos)
         table = self._table
-        raw: dict[str, Keys] = {}
-        lengths: dict[str, npt.NDArray[np.int64]] = {}
+        per_row: dict[str, Keys] = {}
+        """Categorical columns that vary by video: (B,) keys."""
+        constant: dict[str, Keys] = {}
+        """Categorical columns of the user and context: one key, the same for every row."""
+        shared: dict[str, Keys] = {}
+        """Multi-valued columns of the user (history): the same list for every row."""
+        ragged: dict[str, tuple[Keys, npt.NDArray[np.int64]]] = {}
+        """Multi-valued columns of the videos (tags): flat keys and per-row counts."""
         gathered = table.categorical[idx]
         for j, col in enumerate(self._video_columns):
-            raw[col.name] = gathered[:, j]
+            per_row[col.name] = gathered[:, j]
         for col in self.schema.categorical:
             if col.source in REQUEST_CATEGORICAL:
                 value = CATEGORICAL_SOURCES[col.source](template)
-                key = self._hasher(col.space()).hash_many([value])[0]
-                raw[col.name] = np.full(batch, key, dtype=np.uint64)
+                constant[col.name] = self._hasher(col.space()).hash_many([value])
         for multi in self.schema.multi_valued:
             if multi.source in REQUEST_MULTI:
                 values = MULTI_SOURCES[multi.source](template)[: multi.max_len]
-                keys = self._hasher(multi.space()).hash_many(values)
-                raw[multi.name] = np.tile(keys, batch)
-                lengths[multi.name] = np.full(batch, len(values), dtype=np.int64)
+                shared[multi.name] = self._hasher(multi.space()).hash_many(values)
             else:
                 counts = table.multi_len[multi.name][idx]
                 mask = np.arange(multi.max_len) < counts[:, None]
-                raw[multi.name] = table.multi[multi.name][idx][mask]  # row-major: as concatenated
-                lengths[multi.name] = counts
-        table_keys, column_indices = self._index_tables(batch, raw, lengths)
-        wide_keys, wide_indices = self._index_wide(batch, raw)
+                ragged[multi.name] = (table.multi[multi.name][idx][mask], counts)
+        table_keys, column_indices = self._index_request_tables(
+            batch, per_row, constant, shared, ragged
+        )
+        wide_keys, wide_indices = self._index_request_wide(batch, per_row, constant)
         dense = self._dense(ts_ms, history, table.numbers[idx], stats)
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
+
+    def _index_request_tables(
+        self,
+        batch: int,
+        per_row: dict[str, Keys],
+        constant: dict[str, Keys],
+        shared: dict[str, Keys],
+        ragged: dict[str, tuple[Keys, npt.NDArray[np.int64]]],
+    ) -> tuple[dict[str, Keys], dict[str, Indices]]:
+        """Unique keys per table and indices into them; same result as the base class.
+
+        The unique set is built from each column's *distinct* inputs (one key
+        for a user column, the history once rather than once per row), then
+        every index is a ``searchsorted`` into it: sorted unique keys and their
+        positions are exactly what ``np.unique(..., return_inverse=True)`` gives.
+        """
+        table_keys: dict[str, Keys] = {}
+        column_indices: dict[str, Indices] = {}
+        for table, columns in self._by_table.items():
+            parts = []
+            for col in columns:
+                name = col.name
+                if name in constant:
+                    parts.append(constant[name])
+                elif name in per_row:
+                    parts.append(per_row[name])
+                elif name in shared:
+                    parts.append(shared[name])
+                else:
+                    parts.append(ragged[name][0])
+            unique = np.unique(np.concatenate(parts))
+            table_keys[table] = unique
+            pad = len(unique)
+            for col in columns:
+                name = col.name
+                if name in constant:
+                    at = int(np.searchsorted(unique, constant[name][0]))
+                    column_indices[name] = np.full(batch, at, dtype=np.int64)
+                elif name in per_row:
+                    column_indices[name] = np.searchsorted(unique, per_row[name]).astype(np.int64)
+                elif isinstance(col, MultiValued) and name in shared:
+                    padded = np.full((batch, col.max_len), pad, dtype=np.int64)
+                    padded[:, : len(shared[name])] = np.searchsorted(unique, shared[name])
+                    column_indices[name] = padded
+                elif isinstance(col, MultiValued):
+                    flat, counts = ragged[name]
+                    padded = np.full((batch, col.max_len), pad, dtype=np.int64)
+                    padded[np.arange(col.max_len) < counts[:, None]] = np.searchsorted(unique, flat)
+                    column_indices[name] = padded
+        return table_keys, column_indices
+
+    def _index_request_wide(
+        self, batch: int, per_row: dict[str, Keys], constant: dict[str, Keys]
+    ) -> tuple[Keys, Indices]:
+        """The wide part's unique keys and ``(B, W)`` indices; same result as the base class."""
+        parts: list[Keys] = [
+            constant[c.name] if c.name in constant else per_row[c.name]
+            for c in self.schema.categorical
+            if c.wide
+        ]
+        for cross in self.schema.crossed:
+            if all(name in constant for name in cross.columns):
+                parts.append(cross_keys(cross.name, [constant[n] for n in cross.columns]))
+            else:
+                inputs = [
+                    np.broadcast_to(constant[n], (batch,)) if n in constant else per_row[n]
+                    for n in cross.columns
+                ]
+                parts.append(cross_keys(cross.name, inputs))
+        if not parts:
+            return np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
+        unique = np.unique(np.concatenate(parts))
+        indices = np.empty((batch, len(parts)), dtype=np.int64)
+        for j, keys in enumerate(parts):
+            indices[:, j] = np.searchsorted(unique, keys)
+        return unique, indices
 
     def _rows_of(self, videos: Sequence[Video]) -> npt.NDArray[np.int64]:
         table = self._table
