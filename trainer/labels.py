@@ -229,13 +229,20 @@ class Joiner:
 
 
 def _merge(own: EventContext, shown: EventContext | None) -> EventContext:
-    """``own`` with its missing fields taken from the impression's context."""
-    if shown is None or own == shown:
+    """``own`` with its missing fields taken from the impression's context.
+
+    Decided on the set fields, not with ``==``: pydantic's equality costs
+    microseconds, and this runs for every labelled event.
+    """
+    if shown is None or own is shown:
         return own
-    if own == _EMPTY_CONTEXT:
+    given = own.model_fields_set
+    if not given:
         return shown
+    if given >= _ALL_CONTEXT_FIELDS:
+        return own
     return EventContext(**{**shown.model_dump(exclude_none=True),
                            **own.model_dump(exclude_none=True)})
 
 
-_EMPTY_CONTEXT = EventContext()
+_ALL_CONTEXT_FIELDS = frozenset(EventContext.model_fields)

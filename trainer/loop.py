@@ -36,6 +36,7 @@ Delivery guarantees (see ``docs/training.md`` for the full argument):
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -152,6 +153,15 @@ class OnlineTrainer:
         """Train until :meth:`request_stop`; finishes the batch, checkpoints, commits."""
         self._thread_id = threading.get_ident()
         self.state = "starting"
+        gc_before = gc.get_threshold()
+        if self.cfg.gc_threshold:
+            gc.set_threshold(self.cfg.gc_threshold, 20, 100)  # see TrainerSettings.gc_threshold
+        try:
+            self._run()
+        finally:
+            gc.set_threshold(*gc_before)
+
+    def _run(self) -> None:
         self.restore()
         consumer = self.resources.event_log.consumer(self.cfg.group_id)
         self._consumer = consumer
