@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from app import dashboard
 from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
 from app.metrics import Metrics
@@ -103,5 +104,6 @@ def create_app(
     app.add_exception_handler(RequestValidationError, vidrec_error_handler)
     for router in (recommend.router, events.router, videos.router, health.router):
         app.include_router(router)
+    app.include_router(dashboard.router)  # its lifespan runs inside the app's
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
     return app

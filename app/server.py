@@ -25,6 +25,7 @@ import uvicorn
 from app.main import Extension, create_app
 from app.service import Service
 from feature_store.component import TrainerHandle, load_trainer_factory
+from feature_store.control import ControlListener, control_channel
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,11 @@ def embedded_trainer(service: Service) -> Iterator[TrainerHandle]:
     service.resources.extras[TRAINER_EXTRA] = trainer
     trainer.start()
     log.info("embedded trainer started")
+    listener = ControlListener(control_channel(service.resources), trainer).start()
     try:
         yield trainer
     finally:
+        listener.close()
         trainer.stop()
         service.resources.extras.pop(TRAINER_EXTRA, None)
 

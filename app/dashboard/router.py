@@ -1,0 +1,180 @@
+"""Routes of the operators' dashboard, under ``/dashboard``.
+
+- ``GET /dashboard``: the page (static HTML, CSS and JS shipped in the
+  package under ``app/static/dashboard``; no CDN, no front-end server). It
+  holds no data: everything comes from the JSON routes below, behind the
+  admin or viewer key (:mod:`app.dashboard.access`).
+- ``GET /dashboard/api/session``: checks a key, answers the role (the login).
+- ``GET /dashboard/api/overview?since_ms=``: every area in one poll; the
+  chart series only past ``since_ms`` so a poll carries new points only.
+- ``GET /dashboard/api/users/{user_id}``: history beside recommendations.
+- ``POST /dashboard/api/actions/{action}``: admin only, audited
+  (:mod:`app.dashboard.actions`); ``GET /dashboard/api/commands/{id}``: the
+  trainer's acks of one command so far (the page shows progress with it).
+- ``GET /dashboard/api/audit``: the audit log, one row per action.
+
+The router's lifespan (merged into the app's by FastAPI, so it runs once
+the service is up) starts the serving sampler and opens the audit log and
+the control channel; it closes the sampler on shutdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources as package_files
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import Response
+
+from app.dashboard import views
+from app.dashboard.access import Operator, admin, viewer
+from app.dashboard.actions import Action, ActionRequest, run_action
+from app.dashboard.audit import AuditLog, open_audit_log, recent
+from app.dashboard.sampling import Sampler
+from app.service import Service
+from feature_store.control import ControlChannel, control_channel
+from feature_store.errors import BackendUnavailable, NotFound
+from feature_store.timeseries import MetricsSeries, open_timeseries
+
+SERIES_EXTRA = "trainer_series"
+"""Where the embedded trainer keeps its metrics series in ``Resources.extras``."""
+_STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript", "charts.js":
+           "text/javascript"}
+
+
+@dataclass
+class Dashboard:
+    """What the routes share, on ``app.state.dashboard``."""
+
+    service: Service
+    sampler: Sampler
+    audit: AuditLog
+    channel: ControlChannel
+    own_series: MetricsSeries | None
+
+    @property
+    def series(self) -> MetricsSeries | None:
+        """The embedded trainer's series (live in memory), else the one opened here."""
+        shared: MetricsSeries | None = self.service.resources.extras.get(SERIES_EXTRA)
+        return shared or self.own_series
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    service: Service | None = app.state.service
+    if service is None:  # the app's lifespan failed before the service existed
+        yield
+        return
+    resources = service.resources
+    settings = resources.settings
+    sampler = Sampler(app.state.metrics.registry, resources.tables, settings.dashboard)
+    own_series = None
+    if SERIES_EXTRA not in resources.extras:
+        own_series = open_timeseries(settings, resources.redis_client)
+    app.state.dashboard = Dashboard(
+        service, sampler, open_audit_log(resources), control_channel(resources), own_series
+    )
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.close()
+        app.state.dashboard = None
+
+
+router = APIRouter(prefix="/dashboard", tags=["dashboard"], lifespan=lifespan)
+
+
+def get_dashboard(request: Request) -> Dashboard:
+    dashboard: Dashboard | None = getattr(request.app.state, "dashboard", None)
+    if dashboard is None:
+        raise BackendUnavailable("the dashboard is starting or stopping")
+    return dashboard
+
+
+Board = Annotated[Dashboard, Depends(get_dashboard)]
+Viewer = Annotated[Operator, Depends(viewer)]
+Admin = Annotated[Operator, Depends(admin)]
+
+
+def _asset(name: str) -> bytes:
+    return (package_files.files("app") / "static" / "dashboard" / name).read_bytes()
+
+
+@router.get("", include_in_schema=False)
+def page() -> Response:
+    """The page; it asks for a key before showing anything."""
+    return Response(_asset("index.html"), media_type="text/html; charset=utf-8",
+                    headers={"Cache-Control": "no-store"})
+
+
+@router.get("/static/{name}", include_in_schema=False)
+def asset(name: str) -> Response:
+    if name not in _STATIC:
+        raise NotFound(f"no dashboard asset {name!r}")
+    return Response(_asset(name), media_type=_STATIC[name])
+
+
+@router.get("/api/session")
+def session(request: Request, operator: Viewer) -> dict[str, Any]:
+    """The role this key grants (the login form calls this)."""
+    settings = request.app.state.settings.dashboard
+    return {"role": operator.role, "name": operator.name, "refresh_ms": settings.refresh_ms}
+
+
+@router.get("/api/overview", dependencies=[Depends(viewer)])
+def overview(dashboard: Board, since_ms: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    """Training, serving, model versions, sparse tables and the audit log."""
+    service = dashboard.service
+    settings = service.resources.settings.dashboard
+    return views.finite({
+        "training": views.training(service, dashboard.series, settings, since_ms),
+        "serving": views.serving(service, dashboard.sampler, since_ms),
+        "models": views.models(service),
+        "tables": views.tables(dashboard.sampler),
+        "audit": _audit(dashboard, settings.audit_shown),
+    })
+
+
+def _audit(dashboard: Dashboard, limit: int) -> dict[str, Any]:
+    try:
+        return {"entries": recent(dashboard.audit, limit)}
+    except BackendUnavailable as exc:
+        return {"entries": [], "error": exc.message}
+
+
+@router.get("/api/audit", dependencies=[Depends(viewer)])
+def audit(dashboard: Board, limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> dict[str, Any]:
+    return _audit(dashboard, limit)
+
+
+@router.get("/api/users/{user_id}", dependencies=[Depends(viewer)])
+def user(
+    user_id: str, dashboard: Board, count: Annotated[int, Query(ge=1, le=100)] = 20
+) -> dict[str, Any]:
+    """A user's recent history beside what the service recommends now."""
+    return views.finite(views.user_insight(dashboard.service, user_id, count))
+
+
+@router.post("/api/actions/{action}")
+def act(
+    action: Action,
+    body: ActionRequest,
+    operator: Admin,
+    dashboard: Board,
+) -> dict[str, Any]:
+    """Run one action (admin key); answers once it is done, failed or timed out."""
+    timeout = dashboard.service.resources.settings.dashboard.ack_timeout_s
+    return views.finite(run_action(
+        action, body, operator, dashboard.service, dashboard.channel, dashboard.audit, timeout
+    ))
+
+
+@router.get("/api/commands/{command_id}", dependencies=[Depends(viewer)])
+def command(command_id: str, dashboard: Board) -> dict[str, Any]:
+    """The trainer's acknowledgements of one command so far."""
+    acks = dashboard.channel.acks(command_id)
+    return {"id": command_id, "acks": [a.__dict__ for a in acks]}

@@ -1,0 +1,198 @@
+"""What the page shows, as plain JSON built from the service's live objects.
+
+Each function reads one area (training, serving, model versions, sparse
+tables, one user) and never raises for a backend outage: the area carries an
+``error`` string instead, so the rest of the page still renders.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from app.dashboard.sampling import STAGES, Sampler
+from app.schemas import RecommendRequest
+from app.service import Service
+from feature_store.settings import DashboardSettings
+from feature_store.timeseries import MetricsSeries
+
+TRAINER_EXTRA = "trainer"
+"""Where ``app.server`` keeps the embedded trainer in ``Resources.extras``."""
+
+TRAINING_FIELDS = (
+    "auc", "logloss", "baseline_auc", "baseline_logloss", "positive_rate", "events_per_s",
+    "samples_per_s", "batch_ms_mean", "batch_ms_p95", "unique_keys", "lag", "events_total",
+)
+"""Fields of a trainer metrics point the page charts or shows."""
+
+
+def finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None, at any depth (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def _guard(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return fn()
+    except Exception as exc:  # the page renders every other area
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def trainer_status(service: Service, series: MetricsSeries | None) -> dict[str, Any] | None:
+    """The embedded trainer's own status, else the heartbeat of a separate one."""
+    trainer = service.resources.extras.get(TRAINER_EXTRA)
+    if trainer is not None:
+        status: dict[str, Any] = trainer.status()
+        return status
+    return series.status() if series is not None else None
+
+
+def display_state(status: dict[str, Any] | None, lag_warning: int) -> str:
+    """running, paused, lagging, stopped, failed... or ``unreachable`` without a heartbeat."""
+    if status is None:
+        return "unreachable"
+    state = str(status.get("state", "unknown"))
+    lag = (status.get("metrics") or {}).get("lag") or 0
+    if state == "running" and lag > lag_warning:
+        return "lagging"
+    if status.get("paused") and state == "running":
+        return "pausing"
+    return state
+
+
+def training(
+    service: Service, series: MetricsSeries | None, settings: DashboardSettings, since_ms: int
+) -> dict[str, Any]:
+    def build() -> dict[str, Any]:
+        resources = service.resources
+        status = trainer_status(service, series)
+        latest = dict((status or {}).get("metrics") or {})
+        ends = resources.event_log.end_offsets()
+        positions = {int(p): int(o) for p, o in ((status or {}).get("positions") or {}).items()}
+        lag = {str(p): max(0, end - positions.get(p, 0)) for p, end in sorted(ends.items())}
+        points = series.read(since_ms, limit=2000) if series is not None else []
+        return {
+            "state": display_state(status, settings.lag_warning_records),
+            "status": status,
+            "latest": {k: latest.get(k) for k in TRAINING_FIELDS},
+            "lag_per_partition": lag if status is not None else {},
+            "dead_letters": resources.event_log.dead_letter_count(),
+            "checkpoint_seq": (status or {}).get("checkpoint_seq"),
+            "last_version": (status or {}).get("last_version"),
+            "points": [
+                {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}} for p in points
+            ],
+        }
+
+    return _guard(build)
+
+
+def serving(service: Service, sampler: Sampler, since_ms: int) -> dict[str, Any]:
+    def build() -> dict[str, Any]:
+        model = service.model
+        latest = sampler.latest() or {}
+        return {
+            "provider": model.provider if model else None,
+            "version": model.version if model else None,
+            "family": model.manifest.family if model else None,
+            "load_error": service.holder.last_error,
+            "stages": [
+                {
+                    "stage": stage,
+                    "p50_ms": latest.get(f"p50_{stage}_ms"),
+                    "p99_ms": latest.get(f"p99_{stage}_ms"),
+                }
+                for stage in STAGES
+            ],
+            "latest": {k: v for k, v in latest.items() if not k.startswith("p")},
+            "points": [
+                {k: p.get(k) for k in (
+                    "ts_ms", "requests_per_s", "events_per_s", "fallback_rate",
+                    "degraded_rate", "p50_total_ms", "p99_total_ms",
+                )}
+                for p in sampler.since(since_ms)
+            ],
+        }
+
+    return _guard(build)
+
+
+def models(service: Service) -> dict[str, Any]:
+    def build() -> dict[str, Any]:
+        registry = service.resources.registry
+        active = registry.active()
+        previous = registry.previous()
+        model = service.model
+        rows = []
+        for version in reversed(registry.list_versions()):
+            manifest = registry.manifest(version)
+            position = manifest.training_position
+            rows.append({
+                "version": version,
+                "family": manifest.family,
+                "created_at_ms": manifest.created_at_ms,
+                "events_total": position.get("events_total"),
+                "positions": position.get("positions"),
+                "group_id": position.get("group_id"),
+                "metrics": {
+                    k: manifest.metrics.get(k)
+                    for k in ("auc", "logloss", "baseline_auc", "baseline_logloss")
+                },
+                "active": version == active,
+                "served": model is not None and model.version == version,
+                "rollback_target": bool(previous) and version == previous[0],
+            })
+        return {
+            "active": active,
+            "previous": previous,
+            "served": model.version if model else None,
+            "versions": rows,
+        }
+
+    return _guard(build)
+
+
+def tables(sampler: Sampler) -> dict[str, Any]:
+    return {"tables": sampler.table_stats, "error": sampler.table_error}
+
+
+def user_insight(service: Service, user_id: str, count: int) -> dict[str, Any]:
+    """A user's recent history beside what the service recommends now (source and score).
+
+    Asks the recommender like any caller would, so the request shows in the
+    serving figures too.
+    """
+    resources = service.resources
+    history = resources.activity.history(user_id)
+    response = service.recommender.recommend(RecommendRequest(user_id=user_id, count=count))
+    ids = [h.video_id for h in history] + [i.video_id for i in response.items]
+    videos = dict(zip(ids, resources.catalog.get_many(ids), strict=True))
+
+    def about(video_id: str) -> dict[str, Any]:
+        video = videos.get(video_id)
+        return {"category": video.category, "creator_id": video.creator_id} if video else {}
+
+    now = int(time.time() * 1000)
+    return {
+        "user_id": user_id,
+        "history": [
+            {"video_id": h.video_id, "watch_ratio": h.watch_ratio, "age_s": (now - h.ts) / 1000,
+             **about(h.video_id)}
+            for h in history
+        ],
+        "recommendations": [
+            {"video_id": i.video_id, "source": i.source, "score": i.score, **about(i.video_id)}
+            for i in response.items
+        ],
+        "model_version": response.model_version,
+        "fallback_reason": response.fallback_reason,
+        "degraded": response.degraded,
+    }

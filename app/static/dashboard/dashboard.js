@@ -1,0 +1,266 @@
+// The operators' page: log in, poll /dashboard/api/overview, draw, act.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const KEY = "vidrec.dashboard.key", NAME = "vidrec.dashboard.operator";
+  const KEEP_MS = 30 * 60 * 1000;  // chart history kept in the page
+  let refreshMs = 2000, timer = null, role = null, busy = false;
+  const hist = { training: [], serving: [], retrain: {} };
+  let since = { training: 0, serving: 0 };
+
+  const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  const num = (v, digits = 3) => (v === null || v === undefined || !isFinite(v)) ? "–" : Number(v).toFixed(digits);
+  const int = (v) => (v === null || v === undefined) ? "–" : Number(v).toLocaleString("en-US");
+  const pct = (v) => (v === null || v === undefined) ? "–" : (100 * v).toFixed(1) + "%";
+  const when = (ms) => ms ? new Date(ms).toLocaleString("en-GB", { hour12: false }) : "–";
+  const bytes = (b) => b >= 1 << 20 ? (b / (1 << 20)).toFixed(1) + " MiB" : b >= 1024 ? (b / 1024).toFixed(1) + " KiB" : b + " B";
+
+  function headers() {
+    const h = { "X-API-Key": sessionStorage.getItem(KEY) || "", "Content-Type": "application/json" };
+    const name = sessionStorage.getItem(NAME); if (name) h["X-Operator"] = name;
+    return h;
+  }
+
+  async function api(path, options = {}) {
+    const res = await fetch(path, { ...options, headers: headers() });
+    let body = null; try { body = await res.json(); } catch (e) { body = null; }
+    if (res.status === 401) { logout(body && body.message ? "Key refused: " + body.message : "Key refused"); throw new Error("unauthorized"); }
+    if (!res.ok) throw new Error((body && body.message) || res.statusText);
+    return body;
+  }
+
+  // --- login -------------------------------------------------------------
+  function logout(message) {
+    sessionStorage.removeItem(KEY);
+    role = null; if (timer) clearInterval(timer); timer = null;
+    $("main").hidden = true; $("login").hidden = false; $("logout").hidden = true; $("who").textContent = "";
+    $("login-error").textContent = message || "";
+  }
+
+  async function login() {
+    const s = await api("/dashboard/api/session");
+    role = s.role; refreshMs = s.refresh_ms || 2000;
+    document.body.classList.toggle("viewer", role !== "admin");
+    $("who").textContent = `${s.name} · ${role}`; $("logout").hidden = false;
+    $("login").hidden = true; $("main").hidden = false; $("login-error").textContent = "";
+    await refresh();
+    timer = setInterval(refresh, refreshMs);
+  }
+
+  $("login-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(KEY, $("key").value);
+    sessionStorage.setItem(NAME, $("operator").value.trim());
+    try { await login(); } catch (e) { if (e.message !== "unauthorized") $("login-error").textContent = e.message; }
+  });
+  $("logout").addEventListener("click", () => logout(""));
+
+  // --- rendering ---------------------------------------------------------
+  function kpis(el, items) {
+    el.innerHTML = items.map(([label, value, id]) =>
+      `<div class="kpi"><div class="label">${esc(label)}</div><div class="value" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`).join("");
+  }
+
+  function table(el, head, rows) {
+    el.innerHTML = `<thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead><tbody>${rows.join("")}</tbody>`;
+  }
+
+  function trim(list) { const cut = Date.now() - KEEP_MS; while (list.length && list[0].ts_ms < cut) list.shift(); }
+
+  function renderTraining(t) {
+    $("training-error").textContent = t.error || "";
+    if (t.error) return;
+    const state = t.state, l = t.latest || {};
+    const badge = $("trainer-state"); badge.textContent = "trainer: " + state; badge.dataset.state = state;
+    kpis($("training-kpis"), [
+      ["state", state, "kpi-trainer-state"], ["events/s", num(l.events_per_s, 1)], ["consumer lag", int(l.lag)],
+      ["batch ms (mean / p95)", `${num(l.batch_ms_mean, 1)} / ${num(l.batch_ms_p95, 1)}`],
+      ["unique keys / batch", int(l.unique_keys)], ["dead letters", int(t.dead_letters)],
+      ["last checkpoint", t.checkpoint_seq ? "#" + t.checkpoint_seq : "–"], ["events trained", int(l.events_total)],
+      ["AUC (baseline)", `${num(l.auc)} (${num(l.baseline_auc)})`], ["log loss (baseline)", `${num(l.logloss)} (${num(l.baseline_logloss)})`],
+      ["last export", t.last_version || "–"],
+    ]);
+    for (const p of t.points || []) { hist.training.push(p); since.training = Math.max(since.training, p.ts_ms); }
+    trim(hist.training);
+    const lag = t.lag_per_partition || {};
+    table($("lag-table"), ["partition", "lag"], Object.entries(lag).map(([p, v]) => `<tr><td>${esc(p)}</td><td>${int(v)}</td></tr>`));
+    drawTraining();
+  }
+
+  function series(list, field) { return list.map((p) => [p.ts_ms, p[field]]); }
+
+  function drawTraining() {
+    const h = hist.training;
+    const auc = [{ label: "model", points: series(h, "auc") }, { label: "popularity", points: series(h, "baseline_auc"), dash: true }];
+    const loss = [{ label: "model", points: series(h, "logloss") }, { label: "popularity", points: series(h, "baseline_logloss"), dash: true }];
+    Object.entries(hist.retrain).forEach(([id, pts], i) => {
+      const color = Charts.COLORS[(i + 2) % Charts.COLORS.length];
+      auc.push({ label: "retrain " + id, points: series(pts, "auc"), color });
+      loss.push({ label: "retrain " + id, points: series(pts, "logloss"), color });
+    });
+    Charts.draw($("chart-auc"), auc);
+    Charts.draw($("chart-logloss"), loss);
+    Charts.draw($("chart-throughput"), [{ label: "events/s", points: series(h, "events_per_s") }, { label: "lag", points: series(h, "lag"), color: "#d97706" }], { min: 0 });
+  }
+
+  function renderRetrains(list) {
+    const rows = (list || []).map((r) => {
+      const pts = hist.retrain[r.id] = hist.retrain[r.id] || [];
+      for (const p of r.points || []) if (!pts.length || p.ts_ms > pts[pts.length - 1].ts_ms) pts.push(p);
+      trim(pts);
+      const l = r.latest || {};
+      const stop = role === "admin" && ["running", "paused", "starting"].includes(r.state)
+        ? `<button class="small ghost" data-retrain-stop="${esc(r.id)}">Stop</button>` : "";
+      return `<tr data-retrain="${esc(r.id)}"><td>${esc(r.id)}</td><td>${esc(r.state)}</td><td>${when(r.from_ts_ms)}</td><td>${int(l.events_total)}</td><td>${int(l.lag)}</td><td>${num(l.auc)}</td><td>${num(l.logloss)}</td><td>${esc(r.last_version || "–")}</td><td>${stop}</td></tr>`;
+    });
+    table($("retrain-table"), ["family", "state", "from", "events", "lag", "AUC", "log loss", "last export", ""], rows);
+  }
+
+  function renderServing(s) {
+    $("serving-error").textContent = s.error || s.load_error || "";
+    if (s.error) return;
+    const l = s.latest || {};
+    $("served-version").textContent = "model: " + (s.version || "none");
+    $("provider").textContent = "provider: " + (s.provider || "–");
+    kpis($("serving-kpis"), [
+      ["requests/s", num(l.requests_per_s, 1)], ["events/s received", num(l.events_per_s, 1)],
+      ["fallback rate", pct(l.fallback_rate)], ["degraded rate", pct(l.degraded_rate)],
+      ["execution provider", (s.provider || "–").replace("ExecutionProvider", ""), "kpi-provider"],
+      ["active model", s.version || "none", "kpi-served-version"],
+    ]);
+    table($("stage-table"), ["stage", "p50 ms", "p99 ms"], (s.stages || []).map((r) =>
+      `<tr><td>${esc(r.stage === "onnx" ? "score (onnx)" : r.stage)}</td><td>${num(r.p50_ms, 2)}</td><td>${num(r.p99_ms, 2)}</td></tr>`));
+    for (const p of s.points || []) { hist.serving.push(p); since.serving = Math.max(since.serving, p.ts_ms); }
+    trim(hist.serving);
+    const h = hist.serving;
+    Charts.draw($("chart-requests"), [{ label: "requests/s", points: series(h, "requests_per_s") }, { label: "events/s", points: series(h, "events_per_s"), color: "#16a34a" }], { min: 0 });
+    Charts.draw($("chart-latency"), [{ label: "p50", points: series(h, "p50_total_ms") }, { label: "p99", points: series(h, "p99_total_ms"), color: "#dc2626" }], { min: 0 });
+  }
+
+  function renderModels(m) {
+    $("models-error").textContent = m.error || "";
+    if (m.error) return;
+    const rows = (m.versions || []).map((v) => {
+      const tags = (v.active ? '<span class="tag active">active</span>' : "") + (v.served ? '<span class="tag served">served</span>' : "")
+        + (v.rollback_target ? '<span class="tag rollback">previous</span>' : "");
+      const promote = role === "admin" && !v.active ? `<button class="small" data-promote="${esc(v.version)}">Promote</button>` : "";
+      const mt = v.metrics || {};
+      return `<tr data-version="${esc(v.version)}" data-active="${v.active}"><td>${esc(v.version)}</td><td>${esc(v.family)}</td><td>${when(v.created_at_ms)}</td><td>${int(v.events_total)}</td><td>${num(mt.auc)}</td><td>${num(mt.logloss)}</td><td>${num(mt.baseline_auc)}</td><td>${tags}</td><td>${promote}</td></tr>`;
+    });
+    table($("versions-table"), ["version", "family", "created", "events trained", "AUC", "log loss", "baseline AUC", "", ""], rows);
+    $("btn-rollback").disabled = !(m.previous && m.previous.length);
+  }
+
+  function renderTables(t) {
+    $("tables-error").textContent = t.error || "";
+    const rows = Object.entries(t.tables || {}).map(([name, s]) =>
+      `<tr><td>${esc(name)}</td><td>${s.dim}</td><td>${int(s.rows)}</td><td>${int(s.admissions)}</td><td>${int(s.expirations)}</td><td>${bytes(s.bytes)}</td></tr>`);
+    table($("tables-table"), ["table", "dim", "rows", "admissions", "expirations", "memory"], rows);
+  }
+
+  function renderAudit(a) {
+    const rows = (a.entries || []).map((e) => {
+      const args = e.version || (e.args && Object.keys(e.args).length ? JSON.stringify(e.args) : "");
+      return `<tr data-id="${esc(e.id)}"><td>${when(e.ts_ms)}</td><td>${esc(e.actor)} <span class="hint">${esc(e.role)}</span></td><td>${esc(e.action)}${e.target && e.target !== "live" ? " → " + esc(e.target) : ""} <span class="hint">${esc(args)}</span></td><td class="st-${esc(e.status)}">${esc(e.status)}</td><td>${esc(e.message)}</td></tr>`;
+    });
+    table($("audit-table"), ["when", "who", "what", "outcome", "message"], rows);
+    if (a.error) $("audit-table").insertAdjacentHTML("beforebegin", `<p class="error">${esc(a.error)}</p>`);
+  }
+
+  async function refresh() {
+    if (busy || !role) return;
+    busy = true;
+    try {
+      const o = await api(`/dashboard/api/overview?since_ms=${Math.min(since.training, since.serving)}`);
+      renderTraining(o.training); renderServing(o.serving); renderModels(o.models);
+      renderTables(o.tables); renderAudit(o.audit); renderRetrains(o.retrains);
+    } catch (e) {
+      if (e.message !== "unauthorized") $("training-error").textContent = "refresh failed: " + e.message;
+    } finally { busy = false; }
+  }
+
+  // --- actions -----------------------------------------------------------
+  function confirmAction(text) {
+    return new Promise((resolve) => {
+      $("confirm-text").textContent = text; $("confirm").hidden = false;
+      const done = (ok) => { $("confirm").hidden = true; $("confirm-ok").onclick = $("confirm-cancel").onclick = null; resolve(ok); };
+      $("confirm-ok").onclick = () => done(true); $("confirm-cancel").onclick = () => done(false);
+      $("confirm-ok").focus();
+    });
+  }
+
+  function status(cls, text) {
+    const el = $("action-status"); el.hidden = false; el.className = "action-status " + cls; el.textContent = text;
+  }
+
+  const DESCRIBE = {
+    export: () => "Export the live model now and make the new version active?",
+    pause: () => "Pause the live trainer? It stops consuming events until resumed.",
+    resume: () => "Resume the live trainer?",
+    rollback: () => "Roll back to the previous model version? The service swaps to it at once.",
+    promote: (b) => `Promote ${b.version}? It becomes the active version the service serves.`,
+    retrain: (b) => `Start a retrain replaying the event log from ${new Date(b.from_ts_ms).toLocaleString("en-GB")}? A new model family trains beside the live one.`,
+    retrain_stop: (b) => `Stop retrain family ${b.target}?`,
+  };
+
+  async function act(action, body = {}) {
+    if (role !== "admin") return;
+    if (!(await confirmAction(DESCRIBE[action](body)))) return;
+    const id = (crypto.randomUUID ? crypto.randomUUID() : String(Date.now()) + Math.random().toString(16).slice(2)).replace(/-/g, "");
+    status("requested", `${action}: sent, waiting for an acknowledgement…`);
+    let final = false;
+    const follow = async () => {
+      while (!final) {
+        await new Promise((r) => setTimeout(r, 250));
+        try {
+          const c = await api(`/dashboard/api/commands/${id}`);
+          const last = c.acks[c.acks.length - 1];
+          if (!final && last && last.status === "accepted") status("accepted", `${action}: accepted by ${last.by}, in progress…`);
+        } catch (e) { /* the POST below reports */ }
+      }
+    };
+    if (!["promote", "rollback"].includes(action)) follow();
+    try {
+      const out = await api(`/dashboard/api/actions/${action}`, { method: "POST", body: JSON.stringify({ id, ...body }) });
+      final = true;
+      status(out.status, `${action}: ${out.status} — ${out.message}`);
+    } catch (e) {
+      final = true;
+      if (e.message !== "unauthorized") status("failed", `${action}: failed — ${e.message}`);
+    }
+    refresh();
+  }
+
+  document.addEventListener("click", (ev) => {
+    const t = ev.target.closest("button"); if (!t) return;
+    if (t.dataset.action) act(t.dataset.action);
+    else if (t.dataset.promote) act("promote", { version: t.dataset.promote });
+    else if (t.dataset.retrainStop) act("retrain_stop", { target: t.dataset.retrainStop });
+  });
+
+  $("retrain-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const v = $("retrain-from").value; if (!v) return;
+    act("retrain", { from_ts_ms: new Date(v).getTime() });
+  });
+
+  $("user-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const user = $("user-id").value.trim(); if (!user) return;
+    try {
+      const u = await api(`/dashboard/api/users/${encodeURIComponent(user)}`);
+      $("user-summary").textContent = `model ${u.model_version || "none"}` + (u.fallback_reason ? ` · fallback: ${u.fallback_reason}` : "") + ` · ${u.history.length} recent watches`;
+      table($("user-history"), ["video", "category", "watched", "ago"], u.history.map((h) =>
+        `<tr><td>${esc(h.video_id)}</td><td>${esc(h.category)}</td><td>${pct(h.watch_ratio)}</td><td>${num(h.age_s, 0)} s</td></tr>`));
+      table($("user-recs"), ["video", "category", "source", "score"], u.recommendations.map((r) =>
+        `<tr><td>${esc(r.video_id)}</td><td>${esc(r.category)}</td><td><span class="tag">${esc(r.source)}</span></td><td>${num(r.score)}</td></tr>`));
+    } catch (e) { if (e.message !== "unauthorized") $("user-summary").textContent = "failed: " + e.message; }
+  });
+
+  const d = new Date(Date.now() - 3600e3); d.setMinutes(d.getMinutes() - d.getTimezoneOffset());
+  $("retrain-from").value = d.toISOString().slice(0, 19);
+  window.addEventListener("resize", () => { if (role) drawTraining(); });
+
+  if (sessionStorage.getItem(KEY)) login().catch(() => {}); else logout("");
+})();

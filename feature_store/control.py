@@ -1,0 +1,434 @@
+"""The control channel: operator commands to trainers, and their acknowledgements.
+
+The dashboard (in the API process) sends a :class:`Command` (an id, who
+issued it, an action, its arguments and the trainer it targets); a
+:class:`ControlListener` running beside each trainer reads it, acknowledges
+it as ``accepted``, carries it out through the
+:class:`~feature_store.component.TrainerHandle` protocol and acknowledges it
+again as ``done`` or ``failed`` with a message and a result. The issuer waits
+for the final :class:`Ack` (:meth:`ControlChannel.wait`) and shows it.
+
+Backends, chosen like the metrics series (``stores.backend``):
+
+- ``memory``: in-process lists under a condition variable; the embedded
+  mode (``vidrec up``), where the API and the trainer share one process.
+- ``redis``: two capped streams (``constants.CONTROL_COMMANDS`` and
+  ``CONTROL_ACKS``); the listener reads commands with ``XREAD BLOCK``, so
+  ``vidrec serve`` and ``vidrec train`` on separate machines talk through
+  the Redis they already share.
+
+Delivery: a listener reads commands issued *after* it started (a trainer
+that was down does not replay old pauses and exports on its return); a
+command nobody acknowledges times out at the issuer, who says so. Every
+listener whose ``target`` matches acts: with several replicas of one
+trainer group each pauses, and each exports (the first final ack answers
+the issuer).
+
+Because the listener only needs the ``TrainerHandle`` protocol it lives
+here, not in ``trainer``: embedded mode (``app.server``) and ``vidrec train``
+(``app.cli``) start the same one. Retraining (a second model family) is
+handled by an optional :class:`Retrainer` (``feature_store.retrain``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import redis
+
+from feature_store.constants import CONTROL_ACKS, CONTROL_COMMANDS
+from feature_store.errors import InvalidInput, StoreUnavailable
+
+if TYPE_CHECKING:
+    from feature_store.component import TrainerHandle
+    from feature_store.runtime import Resources
+
+log = logging.getLogger(__name__)
+
+LIVE = "live"
+"""Target of the live trainer (its family serves); retrain families have their own ids."""
+CONTROL_EXTRA = "control"
+"""Key of the process's control channel in ``Resources.extras`` (closed with them)."""
+ACTIONS = ("pause", "resume", "export", "status", "retrain", "retrain_stop")
+"""Actions a listener knows; anything else is acknowledged as ``failed``."""
+_STREAM_LEN = 10_000
+"""Entries kept by each Redis stream (approximate MAXLEN)."""
+
+AckStatus = Literal["accepted", "done", "failed"]
+FINAL: tuple[AckStatus, ...] = ("done", "failed")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One operator request to the trainer(s) named by ``target``."""
+
+    action: str
+    args: dict[str, Any] = field(default_factory=dict)
+    issuer: str = "unknown"
+    """Who asked (the dashboard's operator name and role)."""
+    target: str = LIVE
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    issued_at_ms: int = field(default_factory=_now_ms)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Command:
+        raw = json.loads(data)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+@dataclass(frozen=True)
+class Ack:
+    """A listener's answer to one command: ``accepted``, then ``done`` or ``failed``."""
+
+    command_id: str
+    status: AckStatus
+    message: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    by: str = ""
+    """The trainer that answered (its consumer group)."""
+    ts_ms: int = field(default_factory=_now_ms)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> Ack:
+        raw = json.loads(data)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+@runtime_checkable
+class ControlChannel(Protocol):
+    """Commands one way, acknowledgements back. Backends: memory, redis."""
+
+    def send(self, command: Command) -> str:
+        """Publish ``command``; returns its id."""
+        ...
+
+    def tail(self) -> str:
+        """A cursor at the current end: :meth:`commands` after it returns only newer ones."""
+        ...
+
+    def commands(self, after: str, timeout_s: float) -> list[tuple[str, Command]]:
+        """Commands after cursor ``after`` (waiting at most ``timeout_s``), with their cursors."""
+        ...
+
+    def ack(self, ack: Ack) -> None: ...
+
+    def acks(self, command_id: str) -> list[Ack]:
+        """Acknowledgements of one command so far, oldest first."""
+        ...
+
+    def wait(self, command_id: str, timeout_s: float) -> Ack | None:
+        """The first final ack of ``command_id``, or None after ``timeout_s``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MemoryChannel:
+    """In-process channel for the embedded mode; keeps the last ``capacity`` commands."""
+
+    def __init__(self, capacity: int = 1000) -> None:
+        self._commands: deque[tuple[int, Command]] = deque(maxlen=capacity)
+        self._acks: dict[str, list[Ack]] = {}
+        self._order: deque[str] = deque()
+        self._capacity = capacity
+        self._seq = 0
+        self._cond = threading.Condition()
+
+    def send(self, command: Command) -> str:
+        with self._cond:
+            self._seq += 1
+            self._commands.append((self._seq, command))
+            self._cond.notify_all()
+        return command.id
+
+    def tail(self) -> str:
+        with self._cond:
+            return str(self._seq)
+
+    def commands(self, after: str, timeout_s: float) -> list[tuple[str, Command]]:
+        start = int(after)
+        with self._cond:
+            self._cond.wait_for(lambda: self._seq > start, timeout=timeout_s)
+            return [(str(seq), cmd) for seq, cmd in self._commands if seq > start]
+
+    def ack(self, ack: Ack) -> None:
+        with self._cond:
+            if ack.command_id not in self._acks:
+                self._order.append(ack.command_id)
+                if len(self._order) > self._capacity:
+                    self._acks.pop(self._order.popleft(), None)
+            self._acks.setdefault(ack.command_id, []).append(ack)
+            self._cond.notify_all()
+
+    def acks(self, command_id: str) -> list[Ack]:
+        with self._cond:
+            return list(self._acks.get(command_id, ()))
+
+    def wait(self, command_id: str, timeout_s: float) -> Ack | None:
+        def final() -> Ack | None:
+            return next((a for a in self._acks.get(command_id, ()) if a.final), None)
+
+        with self._cond:
+            self._cond.wait_for(lambda: final() is not None, timeout=timeout_s)
+            return final()
+
+    def close(self) -> None:
+        pass
+
+
+class RedisChannel:
+    """Two capped Redis streams; see the module docstring."""
+
+    def __init__(self, client: redis.Redis, block_s: float = 0.5) -> None:
+        self.client = client
+        self.block_s = block_s
+        """Longest single ``XREAD BLOCK``; below the client's socket timeout."""
+
+    def send(self, command: Command) -> str:
+        self._call(
+            "send", lambda: self.client.xadd(
+                CONTROL_COMMANDS, {"c": command.to_json()}, maxlen=_STREAM_LEN, approximate=True
+            )
+        )
+        return command.id
+
+    def tail(self) -> str:
+        entries = self._call("tail", lambda: self.client.xrevrange(CONTROL_COMMANDS, count=1))
+        return _text(entries[0][0]) if entries else "0-0"
+
+    def commands(self, after: str, timeout_s: float) -> list[tuple[str, Command]]:
+        block_ms = max(1, int(min(timeout_s, self.block_s) * 1000))
+        reply = self._call(
+            "read", lambda: self.client.xread({CONTROL_COMMANDS: after}, count=100, block=block_ms)
+        )
+        out: list[tuple[str, Command]] = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                try:
+                    out.append((_text(entry_id), Command.from_json(fields[b"c"])))
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("control: unreadable command %s skipped: %s", entry_id, exc)
+        return out
+
+    def ack(self, ack: Ack) -> None:
+        self._call(
+            "ack", lambda: self.client.xadd(
+                CONTROL_ACKS, {"id": ack.command_id, "a": ack.to_json()},
+                maxlen=_STREAM_LEN, approximate=True,
+            )
+        )
+
+    def acks(self, command_id: str) -> list[Ack]:
+        # Operator commands are rare: the newest thousand acks hold any command in flight.
+        entries = self._call("acks", lambda: self.client.xrevrange(CONTROL_ACKS, count=1000))
+        found = [
+            Ack.from_json(fields[b"a"]) for _, fields in entries
+            if fields.get(b"id", b"").decode() == command_id
+        ]
+        return found[::-1]
+
+    def wait(self, command_id: str, timeout_s: float) -> Ack | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            final = next((a for a in self.acks(command_id) if a.final), None)
+            if final is not None or time.monotonic() >= deadline:
+                return final
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def close(self) -> None:
+        pass  # the client belongs to whoever opened it
+
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except redis.RedisError as exc:  # translated at the boundary
+            raise StoreUnavailable(f"control channel {what} failed: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def control_channel(resources: Resources) -> ControlChannel:
+    """The process's channel, opened on first use and closed with ``resources``.
+
+    Embedded, the API and the trainer get the same in-process object; with
+    ``stores.backend = "redis"`` every process talks through Redis.
+    """
+    channel: ControlChannel | None = resources.extras.get(CONTROL_EXTRA)
+    if channel is None:
+        if resources.settings.stores.backend == "redis" and resources.redis_client is not None:
+            channel = RedisChannel(resources.redis_client)
+        else:
+            channel = MemoryChannel()
+        resources.extras[CONTROL_EXTRA] = channel
+    return channel
+
+
+class Retrainer(Protocol):
+    """What a listener needs to start, stop and steer retrain families."""
+
+    def handle(self, command: Command) -> tuple[str, dict[str, Any]]:
+        """Carry out ``retrain``/``retrain_stop`` or a command targeting a family."""
+        ...
+
+    def targets(self) -> set[str]:
+        """Ids of the retrain families this process runs."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ControlListener:
+    """Reads commands for ``target`` and carries them out on ``trainer``; acks each.
+
+    Runs in its own daemon thread from :meth:`start` (or ``with``) until
+    :meth:`close`. Commands are handled one at a time, in the order issued.
+    """
+
+    def __init__(
+        self,
+        channel: ControlChannel,
+        trainer: TrainerHandle,
+        *,
+        target: str = LIVE,
+        retrainer: Retrainer | None = None,
+        poll_s: float = 0.5,
+        state_wait_s: float = 10.0,
+    ) -> None:
+        self.channel = channel
+        self.trainer = trainer
+        self.target = target
+        self.retrainer = retrainer
+        self.poll_s = poll_s
+        self.state_wait_s = state_wait_s
+        """How long pause/resume wait for the loop to report the new state."""
+        self.handled = 0
+        self._cursor = ""
+        self._name = _group_of(trainer)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="vidrec-control", daemon=True)
+
+    def start(self) -> ControlListener:
+        self._cursor = self.channel.tail()
+        self._thread.start()
+        log.info("control listener for %s (%s) started", self.target, self._name)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self.retrainer is not None:
+            self.retrainer.close()
+
+    def __enter__(self) -> ControlListener:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self.channel.commands(self._cursor, self.poll_s)
+            except StoreUnavailable as exc:
+                log.warning("control channel unavailable: %s", exc)
+                self._stop.wait(1.0)
+                continue
+            for cursor, command in batch:
+                self._cursor = cursor
+                if self._mine(command):
+                    self.handle(command)
+
+    def _mine(self, command: Command) -> bool:
+        if command.target == self.target:
+            return True
+        return self.retrainer is not None and command.target in self.retrainer.targets()
+
+    def handle(self, command: Command) -> Ack:
+        """Acknowledge, carry out and acknowledge again; returns the final ack."""
+        self._ack(Ack(command.id, "accepted", f"{command.action} accepted", by=self._name))
+        try:
+            message, result = self._dispatch(command)
+            final = Ack(command.id, "done", message, result, by=self._name)
+        except Exception as exc:  # the issuer sees the reason; the listener goes on
+            log.warning("control: %s %s failed: %s", command.action, command.id, exc)
+            final = Ack(command.id, "failed", f"{type(exc).__name__}: {exc}", by=self._name)
+        self._ack(final)
+        self.handled += 1
+        return final
+
+    def _ack(self, ack: Ack) -> None:
+        try:
+            self.channel.ack(ack)
+        except StoreUnavailable as exc:
+            log.warning("control: ack of %s lost: %s", ack.command_id, exc)
+
+    def _dispatch(self, command: Command) -> tuple[str, dict[str, Any]]:
+        action = command.action
+        if self.retrainer is not None and (
+            action in ("retrain", "retrain_stop") or command.target != self.target
+        ):
+            return self.retrainer.handle(command)
+        trainer = self.trainer
+        if action == "pause":
+            trainer.pause()
+            state = self._await_state("paused")
+            return f"trainer {state}", {"state": state}
+        if action == "resume":
+            trainer.resume()
+            state = self._await_state("running")
+            return f"trainer {state}", {"state": state}
+        if action == "export":
+            version = trainer.export_now(activate=bool(command.args.get("activate", True)))
+            return f"exported {version}", {"version": version}
+        if action == "status":
+            return "status", {"status": trainer.status()}
+        if action in ("retrain", "retrain_stop"):
+            raise InvalidInput("action", "this trainer process runs no retrain manager")
+        raise InvalidInput("action", f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+
+    def _await_state(self, wanted: str) -> str:
+        """The trainer's state once it reports ``wanted`` (or whatever it is at the deadline)."""
+        deadline = time.monotonic() + self.state_wait_s
+        state = str(self.trainer.status().get("state"))
+        while state != wanted and time.monotonic() < deadline:
+            time.sleep(0.02)
+            state = str(self.trainer.status().get("state"))
+        return state
+
+
+def _group_of(trainer: TrainerHandle) -> str:
+    try:
+        return str(trainer.status().get("group_id", "trainer"))
+    except Exception:  # a name for logs only
+        return "trainer"
