@@ -48,6 +48,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from feature_store.component import load_trainer_factory
+    from feature_store.control import ControlListener, control_channel
     from feature_store.runtime import open_resources
 
     settings = _settings(args)
@@ -56,7 +57,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = factory(resources)
         signal.signal(signal.SIGTERM, lambda *_: trainer.stop())
         signal.signal(signal.SIGINT, lambda *_: trainer.stop())
-        trainer.run()
+        with ControlListener(control_channel(resources), trainer):  # dashboard actions
+            trainer.run()
     return 0
 
 
