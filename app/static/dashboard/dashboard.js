@@ -59,7 +59,7 @@
   // --- rendering ---------------------------------------------------------
   function kpis(el, items) {
     el.innerHTML = items.map(([label, value, id]) =>
-      `<div class="kpi"><div class="label">${esc(label)}</div><div class="value" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`).join("");
+      `<div class="kpi"><div class="label">${esc(label)}</div><div class="value${String(value).length > 14 ? " long" : ""}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`).join("");
   }
 
   function table(el, head, rows) {
@@ -78,7 +78,8 @@
       ["batch ms (mean / p95)", `${num(l.batch_ms_mean, 1)} / ${num(l.batch_ms_p95, 1)}`],
       ["unique keys / batch", int(l.unique_keys)], ["dead letters", int(t.dead_letters)],
       ["last checkpoint", t.checkpoint_seq ? "#" + t.checkpoint_seq : "–"], ["events trained", int(l.events_total)],
-      ["AUC (baseline)", `${num(l.auc)} (${num(l.baseline_auc)})`], ["log loss (baseline)", `${num(l.logloss)} (${num(l.baseline_logloss)})`],
+      ["AUC", num(l.auc)], ["popularity AUC", num(l.baseline_auc)],
+      ["log loss", num(l.logloss)], ["popularity log loss", num(l.baseline_logloss)],
       ["last export", t.last_version || "–"],
     ]);
     for (const p of t.points || []) { hist.training.push(p); since.training = Math.max(since.training, p.ts_ms); }
@@ -249,7 +250,7 @@
     ev.preventDefault();
     const user = $("user-id").value.trim(); if (!user) return;
     try {
-      const u = await api(`/dashboard/api/users/${encodeURIComponent(user)}`);
+      const u = await api(`/dashboard/api/users/${encodeURIComponent(user)}?count=12`);
       $("user-summary").textContent = `model ${u.model_version || "none"}` + (u.fallback_reason ? ` · fallback: ${u.fallback_reason}` : "") + ` · ${u.history.length} recent watches`;
       table($("user-history"), ["video", "category", "watched", "ago"], u.history.map((h) =>
         `<tr><td>${esc(h.video_id)}</td><td>${esc(h.category)}</td><td>${pct(h.watch_ratio)}</td><td>${num(h.age_s, 0)} s</td></tr>`));

@@ -1,0 +1,118 @@
+"""The dashboard in real headless Chromium, over a live server with demo traffic.
+
+What an operator does: log in, watch the charts fill, export (a new version
+appears and becomes active), roll back (the previous version is active and
+the API serves it), pause and resume the trainer; and a wrong key is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ADMIN_KEY = "vidrec-dev-key"
+
+
+def login(page: Any, url: str, key: str = ADMIN_KEY, name: str = "dana") -> None:
+    page.goto(f"{url}/dashboard")
+    page.fill("#key", key)
+    page.fill("#operator", name)
+    page.click("#login-submit")
+
+
+def logged_in(page: Any, url: str) -> Any:
+    login(page, url)
+    page.wait_for_selector("#main:not([hidden])")
+    return page
+
+
+def confirm_action(page: Any, button: str) -> str:
+    """Click an action button, confirm in the dialog, wait for its outcome; the status text."""
+    page.click(button)
+    page.wait_for_selector("#confirm:not([hidden])")
+    page.click("#confirm-ok")
+    status = page.locator("#action-status")
+    page.wait_for_function(
+        "() => /(done|failed|timeout) —/.test(document.getElementById('action-status').textContent)"
+    )
+    text: str = status.text_content() or ""
+    return text
+
+
+def active_version(page: Any) -> str:
+    row = page.locator("#versions-table tr[data-active='true']")
+    return str(row.get_attribute("data-version"))
+
+
+def test_wrong_key_is_refused(page: Any, live_url: str) -> None:
+    login(page, live_url, key="not-the-key")
+    error = page.locator("#login-error")
+    page.wait_for_function("() => document.getElementById('login-error').textContent.length > 0")
+    assert "Key refused" in (error.text_content() or "")
+    assert page.locator("#main").is_hidden()
+    assert page.evaluate("sessionStorage.getItem('vidrec.dashboard.key')") is None
+
+
+def test_charts_fill_under_traffic(page: Any, live_url: str) -> None:
+    logged_in(page, live_url)
+    assert "dana" in (page.text_content("#who") or "")
+    for chart in ("#chart-auc", "#chart-logloss", "#chart-throughput", "#chart-requests",
+                  "#chart-latency"):
+        page.wait_for_function(
+            "(sel) => Number(document.querySelector(sel).dataset.points || 0) >= 4",
+            arg=chart, timeout=60_000,
+        )
+    assert page.text_content("#kpi-trainer-state") == "running"
+    assert page.locator("#tables-table tbody tr").count() >= 2
+    assert page.locator("#lag-table tbody tr").count() == 4
+
+
+def test_export_rollback_pause_resume(page: Any, live_url: str) -> None:
+    logged_in(page, live_url)
+    first = confirm_action(page, "#btn-export")
+    assert "export: done" in first, first
+    v1 = re.search(r"exported (\S+)", first).group(1)  # type: ignore[union-attr]
+    page.wait_for_selector(f"#versions-table tr[data-version='{v1}'][data-active='true']")
+
+    second = confirm_action(page, "#btn-export")
+    v2 = re.search(r"exported (\S+)", second).group(1)  # type: ignore[union-attr]
+    page.wait_for_selector(f"#versions-table tr[data-version='{v2}'][data-active='true']")
+    page.wait_for_function(
+        "(v) => document.getElementById('kpi-served-version').textContent === v", arg=v2
+    )
+
+    back = confirm_action(page, "#btn-rollback")
+    assert "rollback: done" in back and v1 in back, back
+    page.wait_for_selector(f"#versions-table tr[data-version='{v1}'][data-active='true']")
+    assert active_version(page) == v1
+    served = httpx.post(f"{live_url}/v1/recommend", json={"user_id": "u1", "count": 3}).json()
+    assert served["model_version"] == v1
+
+    paused = confirm_action(page, "#btn-pause")
+    assert "pause: done" in paused, paused
+    page.wait_for_function("() => document.getElementById('trainer-state').dataset.state === 'paused'")
+    resumed = confirm_action(page, "#btn-resume")
+    assert "resume: done" in resumed, resumed
+    page.wait_for_function(
+        "() => document.getElementById('trainer-state').dataset.state === 'running'"
+    )
+
+    audit = page.locator("#audit-table tbody tr")
+    page.wait_for_function("() => document.querySelectorAll('#audit-table tbody tr').length >= 5")
+    newest = audit.first.text_content() or ""
+    assert "resume" in newest and "done" in newest and "dana" in newest
+
+
+def test_cancelled_confirmation_does_nothing(page: Any, live_url: str) -> None:
+    logged_in(page, live_url)
+    before = page.locator("#audit-table tbody tr").count()
+    page.click("#btn-pause")
+    page.click("#confirm-cancel")
+    page.wait_for_timeout(700)
+    assert page.locator("#audit-table tbody tr").count() == before
+    assert page.locator("#trainer-state").get_attribute("data-state") != "paused"
