@@ -49,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from feature_store.component import load_trainer_factory
     from feature_store.control import ControlListener, control_channel
+    from feature_store.retrain import RetrainManager
     from feature_store.runtime import open_resources
 
     settings = _settings(args)
@@ -57,8 +58,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = factory(resources)
         signal.signal(signal.SIGTERM, lambda *_: trainer.stop())
         signal.signal(signal.SIGINT, lambda *_: trainer.stop())
-        with ControlListener(control_channel(resources), trainer):  # dashboard actions
-            trainer.run()
+        retrainer = RetrainManager(factory, resources)
+        with ControlListener(control_channel(resources), trainer, retrainer=retrainer):
+            trainer.run()  # the listener carries out the dashboard's actions
     return 0
 
 

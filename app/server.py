@@ -26,6 +26,7 @@ from app.main import Extension, create_app
 from app.service import Service
 from feature_store.component import TrainerHandle, load_trainer_factory
 from feature_store.control import ControlListener, control_channel
+from feature_store.retrain import RetrainManager
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ def embedded_trainer(service: Service) -> Iterator[TrainerHandle]:
     service.resources.extras[TRAINER_EXTRA] = trainer
     trainer.start()
     log.info("embedded trainer started")
-    listener = ControlListener(control_channel(service.resources), trainer).start()
+    retrainer = RetrainManager(factory, service.resources)
+    listener = ControlListener(control_channel(service.resources), trainer, retrainer=retrainer)
+    listener.start()
     try:
         yield trainer
     finally:

@@ -130,12 +130,14 @@ def overview(dashboard: Board, since_ms: Annotated[int, Query(ge=0)] = 0) -> dic
     """Training, serving, model versions, sparse tables and the audit log."""
     service = dashboard.service
     settings = service.resources.settings.dashboard
+    audit = _audit(dashboard, settings.audit_shown)
     return views.finite({
+        "retrains": views.retrains(service, audit["entries"], since_ms),
         "training": views.training(service, dashboard.series, settings, since_ms),
         "serving": views.serving(service, dashboard.sampler, since_ms),
         "models": views.models(service),
         "tables": views.tables(dashboard.sampler),
-        "audit": _audit(dashboard, settings.audit_shown),
+        "audit": audit,
     })
 
 

@@ -196,3 +196,60 @@ def user_insight(service: Service, user_id: str, count: int) -> dict[str, Any]:
         "fallback_reason": response.fallback_reason,
         "degraded": response.degraded,
     }
+
+
+RETRAIN_EXTRA = "retrain"
+"""Where ``feature_store.retrain.RetrainManager`` registers itself in ``Resources.extras``."""
+
+
+def _points(series: MetricsSeries | None, since_ms: int) -> list[dict[str, Any]]:
+    if series is None:
+        return []
+    return [
+        {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}}
+        for p in series.read(since_ms, limit=2000)
+    ]
+
+
+def retrains(
+    service: Service, started: list[dict[str, Any]], since_ms: int
+) -> list[dict[str, Any]]:
+    """Retrain families with their progress and metric points.
+
+    Embedded, the manager in this process describes them. With a separate
+    trainer process, the families are the ``retrain`` actions of the audit
+    log (``started``), read through their metrics series and heartbeat in Redis.
+    """
+    resources = service.resources
+    manager = resources.extras.get(RETRAIN_EXTRA)
+    out: list[dict[str, Any]] = []
+    if manager is not None:
+        for family in sorted(manager.families.values(), key=lambda f: f.id):
+            try:
+                out.append({**family.describe(), "points": _points(family.series, since_ms)})
+            except Exception as exc:  # one family's outage must not hide the others
+                out.append({"id": family.id, "state": "unreachable", "error": str(exc)})
+        return out
+    if resources.settings.stores.backend != "redis":
+        return out
+    from feature_store.timeseries import open_timeseries
+
+    for entry in started:
+        result = entry.get("result") or {}
+        group = result.get("group_id")
+        if entry.get("action") != "retrain" or entry.get("status") != "done" or not group:
+            continue
+        try:
+            series = open_timeseries(resources.settings, resources.redis_client, name=group)
+            status = series.status()
+            out.append({
+                "id": result.get("family"), "group_id": group,
+                "from_ts_ms": result.get("from_ts_ms"), "issuer": entry.get("actor"),
+                "state": (status or {}).get("state", "unreachable"),
+                "last_version": (status or {}).get("last_version"),
+                "latest": (status or {}).get("metrics") or {},
+                "points": _points(series, since_ms),
+            })
+        except Exception as exc:  # shown on the page
+            out.append({"id": result.get("family"), "state": "unreachable", "error": str(exc)})
+    return out

@@ -176,6 +176,48 @@ def test_user_insight_shows_history_and_sources(live: TestClient) -> None:
     assert not watched & {r["video_id"] for r in user["recommendations"]}
 
 
+def test_retrain_trains_a_new_family_beside_the_live_one(live: TestClient) -> None:
+    import time
+
+    service = service_of(live)
+    live_active = service.resources.registry.active()
+    out = act(live, "retrain", from_ts_ms=int(time.time() * 1000) - 600_000)
+    assert out["status"] == "done", out
+    family = out["result"]["family"]
+    again = act(live, "retrain", from_ts_ms=0)
+    assert again["status"] == "failed" and "still running" in again["message"]
+
+    def progressed() -> dict[str, Any] | None:
+        o = live.get("/dashboard/api/overview", headers=ADMIN).json()
+        rows = [r for r in o["retrains"] if r["id"] == family]
+        ok = rows and rows[0]["state"] == "running" and (rows[0]["latest"].get("events_total") or 0)
+        return rows[0] if ok and rows[0]["points"] else None
+
+    row = wait_for(progressed, timeout_s=60, interval_s=0.3)
+    assert row["group_id"].endswith(family) and row["from_ts_ms"] == out["args"]["from_ts_ms"]
+
+    exported = act(live, "export", target=family)
+    assert exported["status"] == "done" and "not activated" in exported["message"]
+    version = exported["result"]["version"]
+    assert version.startswith(family) and service.resources.registry.active() == live_active
+    manifest = service.resources.registry.manifest(version)
+    assert manifest.family == family and manifest.training_position["events_total"] > 0
+
+    refused = act(live, "promote", version=version)
+    assert refused["status"] == "failed" and "refused" in refused["message"]
+    assert service.resources.registry.active() == live_active
+
+    live_tables = service.resources.tables
+    manager = service.resources.extras["retrain"]
+    assert manager.families[family].resources.tables["user"] is not live_tables["user"]
+    assert manager.families[family].resources.activity is not service.resources.activity
+
+    stopped = act(live, "retrain_stop", target=family)
+    assert stopped["status"] == "done"
+    o = live.get("/dashboard/api/overview", headers=ADMIN).json()
+    assert [r["state"] for r in o["retrains"] if r["id"] == family] == ["stopped"]
+
+
 def test_trainer_actions_time_out_without_a_trainer(tmp_path: Path) -> None:
     settings = dashboard_settings(tmp_path / "data", dashboard={"ack_timeout_s": 0.3})
     with TestClient(create_app(settings)) as client:

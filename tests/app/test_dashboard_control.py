@@ -148,3 +148,26 @@ def test_redis_channel_crosses_clients(redis_url: str) -> None:
     finally:
         api_client.close()
         trainer_client.close()
+
+
+def test_replay_log_consumers_start_at_the_chosen_time() -> None:
+    from feature_store.eventlog import open_event_log
+    from feature_store.retrain import ReplayLog
+    from feature_store.settings import Settings
+    from tests.factories import make_event
+
+    log = open_event_log(Settings())
+    try:
+        log.produce([make_event(user_id=f"u{i}") for i in range(20)])
+        time.sleep(0.02)
+        cut = int(time.time() * 1000)
+        time.sleep(0.02)
+        later = [make_event(user_id=f"u{i}") for i in range(10)]
+        log.produce(later)
+        replay = ReplayLog(log, cut)
+        with replay.consumer("retrain-group") as consumer:
+            got = consumer.poll(100, timeout_s=0.5)
+        assert sorted(r.event.event_id for r in got) == sorted(e.event_id for e in later)
+        assert replay.end_offsets() == log.end_offsets()  # everything else is the live log
+    finally:
+        log.close()

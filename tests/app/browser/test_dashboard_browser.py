@@ -95,7 +95,9 @@ def test_export_rollback_pause_resume(page: Any, live_url: str) -> None:
 
     paused = confirm_action(page, "#btn-pause")
     assert "pause: done" in paused, paused
-    page.wait_for_function("() => document.getElementById('trainer-state').dataset.state === 'paused'")
+    page.wait_for_function(
+        "() => document.getElementById('trainer-state').dataset.state === 'paused'"
+    )
     resumed = confirm_action(page, "#btn-resume")
     assert "resume: done" in resumed, resumed
     page.wait_for_function(
