@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -48,8 +48,8 @@ def require(role: Role) -> Callable[..., Awaitable[None]]:
 
     async def check(
         request: Request,
-        api_key: str | None = Security(_api_key_header),
-        bearer: HTTPAuthorizationCredentials | None = Security(_bearer),
+        api_key: Annotated[str | None, Security(_api_key_header)],
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     ) -> None:
         settings: ApiSettings = request.app.state.settings.api
         allowed = _keys_for(role, settings)

@@ -117,7 +117,8 @@ class DemoTraffic:
                 model = self.service.model
                 log.info(
                     "demo: %d sessions, play rate of recommended videos %.3f (model %s)",
-                    self.sessions, self.played / max(1, self.shown),
+                    self.sessions,
+                    self.played / max(1, self.shown),
                     model.version if model else None,
                 )
                 self.shown = self.played = 0

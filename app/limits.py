@@ -10,7 +10,6 @@ error handler gives for :class:`~feature_store.errors.PayloadTooLarge`.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -75,7 +74,7 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _content_length(scope: dict[str, Any]) -> int | None:
+def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
             try:

@@ -16,7 +16,20 @@ from prometheus_client import (
 )
 
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 1.0
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
 )
 """Seconds; dense around the 4 ms p50 and 10 ms p99 goals."""
 
@@ -28,29 +41,42 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.request_seconds = Histogram(
-            "vidrec_request_seconds", "HTTP request latency by route", ["route"],
-            buckets=LATENCY_BUCKETS, registry=r,
+            "vidrec_request_seconds",
+            "HTTP request latency by route",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.stage_seconds = Histogram(
             "vidrec_recommend_stage_seconds",
             "Recommend latency by stage (candidates, features, pull, onnx, total)",
-            ["stage"], buckets=LATENCY_BUCKETS, registry=r,
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.candidates = Histogram(
-            "vidrec_recommend_candidates", "Candidates scored per request",
-            buckets=(0, 10, 50, 100, 200, 300, 400, 500, 1000), registry=r,
+            "vidrec_recommend_candidates",
+            "Candidates scored per request",
+            buckets=(0, 10, 50, 100, 200, 300, 400, 500, 1000),
+            registry=r,
         )
         self.fallbacks = Counter(
-            "vidrec_fallbacks_total", "Recommendations served by a fallback, by reason",
-            ["reason"], registry=r,
+            "vidrec_fallbacks_total",
+            "Recommendations served by a fallback, by reason",
+            ["reason"],
+            registry=r,
         )
         self.events = Counter(
-            "vidrec_events_total", "Events received, by result (accepted, rejected)",
-            ["result"], registry=r,
+            "vidrec_events_total",
+            "Events received, by result (accepted, rejected)",
+            ["result"],
+            registry=r,
         )
         self.model_info = Gauge(
-            "vidrec_model_info", "1 for the model version being served and its provider",
-            ["version", "provider"], registry=r,
+            "vidrec_model_info",
+            "1 for the model version being served and its provider",
+            ["version", "provider"],
+            registry=r,
         )
         self.model_swaps = Counter(
             "vidrec_model_swaps_total", "Model versions loaded and swapped in", registry=r

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import redis
 
+from app.cache import CachedReads
 from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
 from app.metrics import Metrics
@@ -41,7 +42,9 @@ from feature_store.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
-_ID_LIST = re.compile(r"^(?:" + ID_CHARSET.pattern[1:-1] + r"\n)*" + ID_CHARSET.pattern[1:-1] + r"\Z")
+_ID_LIST = re.compile(
+    r"^(?:" + ID_CHARSET.pattern[1:-1] + r"\n)*" + ID_CHARSET.pattern[1:-1] + r"\Z"
+)
 """Newline-joined valid ids (the id charset has no newline)."""
 
 BACKEND_ERRORS = (BackendUnavailable, redis.RedisError, ConnectionError, TimeoutError)
@@ -84,6 +87,7 @@ class Recommender:
     def __init__(
         self,
         activity: ActivityStore,
+        reads: CachedReads,
         retriever: Retriever,
         scorer: Scorer,
         holder: ModelHolder,
@@ -93,6 +97,7 @@ class Recommender:
         max_id_length: int,
     ) -> None:
         self.activity = activity
+        self.reads = reads
         self.retriever = retriever
         self.scorer = scorer
         self.holder = holder
@@ -164,7 +169,7 @@ class Recommender:
             scores = 1.0 / (1.0 + np.arange(len(candidates), dtype=np.float32))
             return self._respond(candidates, scores, count, None, "no_model", zero=True)
         videos = [c.video for c in candidates]
-        stats = self.activity.video_stats([v.video_id for v in videos])
+        stats = self.reads.stats([v.video_id for v in videos])
         scores = self.scorer.score(
             model, request.user_id, now_ms, request.context, history, videos, stats
         )

@@ -80,7 +80,10 @@ def run_embedded(settings: Settings, host: str, port: int, demo: bool = False) -
     """API + trainer + embedded backends in one process, until SIGINT/SIGTERM."""
     log.info(
         "vidrec up on http://%s:%d (docs at /docs), data in %s%s",
-        host, port, settings.data_dir, ", demo traffic on" if demo else "",
+        host,
+        port,
+        settings.data_dir,
+        ", demo traffic on" if demo else "",
     )
     return _serve(create_app(settings, extensions=embedded_extensions(demo)), host, port)
 

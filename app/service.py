@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
+from app.cache import CachedReads
 from app.candidates.retrieval import Retriever
 from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
@@ -33,6 +34,7 @@ class Service:
     """What the routes use; one per app, on ``app.state.service``."""
 
     resources: Resources
+    reads: CachedReads
     signals: CandidateSignals
     metrics: Metrics
     scorer: Scorer
@@ -57,7 +59,14 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     api = settings.api
     metrics = metrics or Metrics()
     signals = attach_signals(resources)
-    scorer = Scorer(resources.schema, resources.tables, metrics.observe_stage)
+    reads = CachedReads(
+        resources.catalog,
+        resources.activity,
+        resources.tables,
+        api.hot_row_cache_ttl_ms,
+        enabled=settings.stores.backend == "redis" or settings.sparse.backend == "redis",
+    )
+    scorer = Scorer(resources.schema, resources.tables, metrics.observe_stage, reads.pull)
     family = settings.sparse.model_name
 
     def loader(version: str) -> LoadedModel:
@@ -70,14 +79,22 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         on_swap=lambda m: metrics.set_model(m.version, m.provider, m.warmup_seconds),
         on_failure=lambda version, exc: metrics.model_load_failures.inc(),
     )
-    retriever = Retriever(resources.catalog, signals, api)
+    retriever = Retriever(resources.catalog, signals, api, reads.videos)
     popular = PopularList(retriever, api.max_candidates, api.fallback_refresh_s)
     recommender = Recommender(
-        resources.activity, retriever, scorer, holder, popular, metrics, api,
+        resources.activity,
+        reads,
+        retriever,
+        scorer,
+        holder,
+        popular,
+        metrics,
+        api,
         settings.limits.max_id_length,
     )
     service = Service(
         resources=resources,
+        reads=reads,
         signals=signals,
         metrics=metrics,
         scorer=scorer,

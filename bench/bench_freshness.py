@@ -81,8 +81,9 @@ def main() -> int:
     settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="vidrec-fresh-")), **extra)
     app = create_app(settings, extensions=[embedded_trainer])
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -93,17 +94,36 @@ def main() -> int:
         service = app.state.service
         user_table = service.resources.tables["user"]
         now = int(time.time() * 1000)
-        videos = [{"video_id": f"fv{i}", "creator_id": "fc", "category": "fresh",
-                   "duration_ms": 30_000, "uploaded_at": now - 60_000} for i in range(2 * args.trials)]
+        videos = [
+            {
+                "video_id": f"fv{i}",
+                "creator_id": "fc",
+                "category": "fresh",
+                "duration_ms": 30_000,
+                "uploaded_at": now - 60_000,
+            }
+            for i in range(2 * args.trials)
+        ]
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
             assert http.put("/v1/videos", json={"videos": videos}, headers=KEY).status_code == 200
             # One round first, so the trainer's consumer has joined and warmed.
-            warm = [{"event_id": f"warm-{i}", "user_id": "warm", "video_id": "fv0",
-                     "type": "finish", "ts": now, "watch_ms": 30_000, "duration_ms": 30_000}
-                    for i in range(3)]
+            warm = [
+                {
+                    "event_id": f"warm-{i}",
+                    "user_id": "warm",
+                    "video_id": "fv0",
+                    "type": "finish",
+                    "ts": now,
+                    "watch_ms": 30_000,
+                    "duration_ms": 30_000,
+                }
+                for i in range(3)
+            ]
             http.post("/v1/events", json={"events": warm}, headers=KEY)
             deadline = time.monotonic() + 120
-            while not user_table.pull(np.array([feature_key("user", "warm") or 1], np.uint64)).any():
+            while not user_table.pull(
+                np.array([feature_key("user", "warm") or 1], np.uint64)
+            ).any():
                 if time.monotonic() > deadline:
                     raise TimeoutError("the trainer never trained the warm-up event")
                 time.sleep(0.05)
@@ -112,8 +132,15 @@ def main() -> int:
                 a, b = f"fv{2 * trial}", f"fv{2 * trial + 1}"
                 ts = int(time.time() * 1000)
                 events = [
-                    {"event_id": f"{user}-{v}", "user_id": user, "video_id": v, "type": "finish",
-                     "ts": ts + j, "watch_ms": 30_000, "duration_ms": 30_000}
+                    {
+                        "event_id": f"{user}-{v}",
+                        "user_id": user,
+                        "video_id": v,
+                        "type": "finish",
+                        "ts": ts + j,
+                        "watch_ms": 30_000,
+                        "duration_ms": 30_000,
+                    }
                     for j, v in enumerate((a, b))
                 ]
                 response = http.post("/v1/events", json={"events": events}, headers=KEY)

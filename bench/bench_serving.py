@@ -9,7 +9,7 @@
 2. Starts ``vidrec serve`` on it in a subprocess: one uvicorn worker.
 3. From this (second) process, sends a fixed number of ``POST /v1/recommend``
    requests with 500 given candidates over keep-alive HTTP/1.1: first one at
-   a time (latency: p50, p99), then from 4 client threads (requests/s).
+   a time (latency: p50, p99), then from 2 client processes (requests/s).
    A retrieval run (no candidates: the sources pick up to 500) follows.
 4. Measures the floor in this process on the same data: the same sparse pulls
    and ONNX run for the same requests, without HTTP, JSON or candidate work,
@@ -27,10 +27,8 @@ import http.client
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,13 +63,15 @@ def make_requests(count: int, candidates: int, seed: int = 0) -> list[dict[str, 
     for _ in range(count):
         user = int(rng.integers(0, N_USERS))
         ids = rng.choice(N_VIDEOS, size=candidates, replace=False)
-        out.append({
-            "user_id": f"u{user}",
-            "candidates": [f"v{int(i)}" for i in ids],
-            "count": 20,
-            "exclude_seen": False,
-            "context": {"device": "phone", "surface": "home", "country": "US"},
-        })
+        out.append(
+            {
+                "user_id": f"u{user}",
+                "candidates": [f"v{int(i)}" for i in ids],
+                "count": 20,
+                "exclude_seen": False,
+                "context": {"device": "phone", "surface": "home", "country": "US"},
+            }
+        )
     return out
 
 
@@ -86,8 +86,11 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
     from trainer.export import publish
     from trainer.model import WideDeep
 
-    world = SyntheticWorld(WorldConfig(users=N_USERS, videos=N_VIDEOS, seed=1,
-                                       start_ts=int(time.time() * 1000) - 86_400_000))
+    world = SyntheticWorld(
+        WorldConfig(
+            users=N_USERS, videos=N_VIDEOS, seed=1, start_ts=int(time.time() * 1000) - 86_400_000
+        )
+    )
     with open_resources(settings) as res:
         videos = world.videos()
         res.catalog.upsert(videos)
@@ -111,9 +114,16 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
             for table, keys in batch.table_keys.items():
                 res.tables[table].pull(keys, train=True)  # admits: rows get initial weights
             res.tables[WIDE_TABLE].pull(batch.wide_keys, train=True)
-        version = publish(res.registry, WideDeep(res.schema), res.schema,
-                          family=settings.sparse.model_name, training_position={}, metrics={},
-                          activate=True, keep=5)
+        version = publish(
+            res.registry,
+            WideDeep(res.schema),
+            res.schema,
+            family=settings.sparse.model_name,
+            training_position={},
+            metrics={},
+            activate=True,
+            keep=5,
+        )
     return version
 
 
@@ -123,9 +133,22 @@ class Server:
     def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
         self.port = port
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "serve",
-             "--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env={**os.environ, **env},
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "--log-level",
+                "WARNING",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env={**os.environ, **env},
         )
 
     def wait_ready(self, timeout_s: float = 120) -> None:
@@ -146,43 +169,49 @@ class Server:
         self.process.wait(timeout=60)
 
 
-def run_load(port: int, bodies: list[bytes], total: int, threads: int) -> dict[str, Any]:
-    """``total`` requests from ``threads`` keep-alive connections; latencies in ms."""
+def _client(args: tuple[int, list[bytes], int, int]) -> tuple[list[float], int, float, float]:
+    """One keep-alive connection sending ``count`` requests; latencies (ms), errors, span."""
+    port, bodies, offset, count = args
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     latencies: list[float] = []
-    lock = threading.Lock()
-    counter = iter(range(total))
     errors = 0
-
-    def worker() -> None:
-        nonlocal errors
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        local: list[float] = []
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                break
-            body = bodies[i % len(bodies)]
-            t0 = time.perf_counter()
-            conn.request("POST", "/v1/recommend", body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            data = response.read()
-            local.append((time.perf_counter() - t0) * 1000)
-            if response.status != 200 or b'"items":[{' not in data:
-                errors += 1
-        conn.close()
-        with lock:
-            latencies.extend(local)
-
     started = time.perf_counter()
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    elapsed = time.perf_counter() - started
-    return summary(latencies) | {"requests": total, "threads": threads, "errors": errors,
-                                 "requests_per_s": round(total / elapsed, 1)}
+    for i in range(offset, offset + count):
+        body = bodies[i % len(bodies)]
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/recommend", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        data = response.read()
+        latencies.append((time.perf_counter() - t0) * 1000)
+        if response.status != 200 or b'"items":[{' not in data:
+            errors += 1
+    conn.close()
+    return latencies, errors, started, time.perf_counter()
+
+
+def run_load(port: int, bodies: list[bytes], total: int, clients: int) -> dict[str, Any]:
+    """``total`` requests split over ``clients`` client *processes* (closed loop, keep-alive).
+
+    Processes, not threads: a threaded Python client serialises on its own
+    GIL and would measure itself.
+    """
+    share = total // clients
+    jobs = [(port, bodies, k * share, share) for k in range(clients)]
+    if clients == 1:
+        results = [_client(jobs[0])]
+    else:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(clients) as pool:
+            results = pool.map(_client, jobs)
+    latencies = [ms for r in results for ms in r[0]]
+    span = max(r[3] for r in results) - min(r[2] for r in results)
+    return summary(latencies) | {
+        "requests": share * clients,
+        "clients": clients,
+        "errors": sum(r[1] for r in results),
+        "requests_per_s": round(share * clients / span, 1),
+    }
 
 
 def summary(ms: list[float]) -> dict[str, float]:
@@ -258,19 +287,24 @@ def main() -> int:
 
     env = {"VIDREC_API__SIGNAL_FEED": "false"}
     if args.backend == "redis":
-        env |= {"VIDREC_REDIS__URL": redis_server.url, "VIDREC_SPARSE__BACKEND": "redis",  # type: ignore[union-attr]
-                "VIDREC_STORES__BACKEND": "redis"}
+        env |= {
+            "VIDREC_REDIS__URL": redis_server.url,
+            "VIDREC_SPARSE__BACKEND": "redis",  # type: ignore[union-attr]
+            "VIDREC_STORES__BACKEND": "redis",
+        }
     port = free_port()
     server = Server(data_dir, port, env)
     results: dict[str, Any] = {}
     try:
         server.wait_ready()
         given = [json.dumps(b).encode() for b in requests]
-        retrieval = [json.dumps({"user_id": b["user_id"], "count": 20,
-                                 "context": b["context"]}).encode() for b in requests]
+        retrieval = [
+            json.dumps({"user_id": b["user_id"], "count": 20, "context": b["context"]}).encode()
+            for b in requests
+        ]
         run_load(port, given, 300, 1)  # warm: connections, caches, allocator
         results["http_given_candidates_sequential"] = run_load(port, given, args.requests, 1)
-        results["http_given_candidates_4_clients"] = run_load(port, given, args.requests, 4)
+        results["http_given_candidates_2_clients"] = run_load(port, given, args.requests, 2)
         run_load(port, retrieval, 200, 1)
         results["http_retrieval_sequential"] = run_load(port, retrieval, args.requests, 1)
     finally:
@@ -279,7 +313,9 @@ def main() -> int:
     if redis_server is not None:
         redis_server.stop()
     seq = results["http_given_candidates_sequential"]
-    results["p50_over_floor"] = round(seq["p50_ms"] / results["floor"]["pull_and_onnx"]["p50_ms"], 2)
+    results["p50_over_floor"] = round(
+        seq["p50_ms"] / results["floor"]["pull_and_onnx"]["p50_ms"], 2
+    )
     results["meta"] = {
         "backend": args.backend,
         "candidates": args.candidates,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import Request
+from typing import Annotated
+
+from fastapi import Depends, Request
 
 from app.service import Service
 from feature_store.errors import BackendUnavailable
@@ -14,3 +16,7 @@ async def get_service(request: Request) -> Service:
     if service is None:
         raise BackendUnavailable("the service is starting or stopping")
     return service
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+"""A route parameter receiving the app's :class:`Service`."""

@@ -8,10 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from app.api.dependencies import get_service
+from app.api.dependencies import ServiceDep
 from app.auth import require
 from app.schemas import BatchResult, ErrorBody, EventBatch, ItemError
-from app.service import Service
 from feature_store.errors import InvalidInput, PayloadTooLarge
 from feature_store.events import Event
 
@@ -49,9 +48,7 @@ def batch_response(result: BatchResult, list_name: str) -> BatchResult | JSONRes
         503: {"model": ErrorBody},
     },
 )
-def post_events(
-    body: EventBatch, service: Service = Depends(get_service)
-) -> BatchResult | JSONResponse:
+def post_events(body: EventBatch, service: ServiceDep) -> BatchResult | JSONResponse:
     """Validate each event; write the valid ones to the event log; report the rest.
 
     Response: ``{"accepted": n, "rejected": m, "errors": [{"index", "id",
@@ -71,8 +68,9 @@ def post_events(
             valid.append(service.validator.parse_obj(raw, now_ms))
         except InvalidInput as exc:
             errors.append(
-                ItemError(index=index, id=item_id(raw, "event_id"), field=exc.field,
-                          message=exc.reason)
+                ItemError(
+                    index=index, id=item_id(raw, "event_id"), field=exc.field, message=exc.reason
+                )
             )
     if valid:
         service.resources.event_log.produce(valid)

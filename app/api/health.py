@@ -11,7 +11,7 @@ import onnxruntime as ort
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.dependencies import get_service
+from app.api.dependencies import ServiceDep
 from app.auth import require
 from app.service import Service
 
@@ -55,23 +55,22 @@ def readyz(request: Request) -> JSONResponse:
     checks["event_log"] = _probe(resources.event_log.end_offsets) or "ok"
     model = service.model
     checks["model"] = (
-        f"{model.version} on {model.provider}" if model else
-        f"no model loaded ({service.holder.last_error or 'no active version in the registry'})"
+        f"{model.version} on {model.provider}"
+        if model
+        else f"no model loaded ({service.holder.last_error or 'no active version in the registry'})"
     )
-    ready = model is not None and all(
-        v == "ok" for k, v in checks.items() if k != "model"
-    )
+    ready = model is not None and all(v == "ok" for k, v in checks.items() if k != "model")
     return JSONResponse({"ready": ready, "checks": checks}, 200 if ready else 503)
 
 
 @router.get("/metrics")
-def metrics(service: Service = Depends(get_service)) -> Response:
+def metrics(service: ServiceDep) -> Response:
     """Prometheus text format."""
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 @router.get("/v1/status", dependencies=[Depends(require("read"))])
-def status(service: Service = Depends(get_service)) -> dict[str, Any]:
+def status(service: ServiceDep) -> dict[str, Any]:
     """Model, execution provider, trainer and store state, for people and dashboards."""
     resources = service.resources
     model = service.model

@@ -14,10 +14,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from app.api.dependencies import get_service
+from app.api.dependencies import ServiceDep
 from app.auth import require
 from app.schemas import ErrorBody, RecommendRequest, RecommendResponse
-from app.service import Service
 
 router = APIRouter(tags=["recommend"])
 
@@ -28,7 +27,7 @@ router = APIRouter(tags=["recommend"])
     dependencies=[Depends(require("read"))],
     responses={401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
 )
-async def recommend(body: RecommendRequest, service: Service = Depends(get_service)) -> Response:
+async def recommend(body: RecommendRequest, service: ServiceDep) -> Response:
     """Rank videos for a user.
 
     Without ``candidates`` the service retrieves its own (co-visitation,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from app.api.dependencies import get_service
+from app.api.dependencies import ServiceDep
 from app.api.events import batch_response, item_id
 from app.auth import require
 from app.schemas import BatchResult, ErrorBody, ItemError, VideoBatch, VideoOut
@@ -23,9 +23,7 @@ router = APIRouter(tags=["catalog"])
     dependencies=[Depends(require("write"))],
     responses={401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
 )
-def put_videos(
-    body: VideoBatch, service: Service = Depends(get_service)
-) -> BatchResult | JSONResponse:
+def put_videos(body: VideoBatch, service: ServiceDep) -> BatchResult | JSONResponse:
     """Insert or replace videos; same response shape and statuses as ``POST /v1/events``."""
     settings = service.resources.settings
     limit = settings.api.max_videos_per_batch
@@ -38,11 +36,13 @@ def put_videos(
             valid.append(validate_video(raw, settings.limits))
         except InvalidInput as exc:
             errors.append(
-                ItemError(index=index, id=item_id(raw, "video_id"), field=exc.field,
-                          message=exc.reason)
+                ItemError(
+                    index=index, id=item_id(raw, "video_id"), field=exc.field, message=exc.reason
+                )
             )
     if valid:
         service.resources.catalog.upsert(valid)
+        service.reads.forget_videos(v.video_id for v in valid)
         service.signals.index_videos(valid)
     return batch_response(
         BatchResult(accepted=len(valid), rejected=len(errors), errors=errors), "videos"
@@ -60,7 +60,7 @@ def _video_id(service: Service, video_id: str) -> str:
     dependencies=[Depends(require("read"))],
     responses={404: {"model": ErrorBody}},
 )
-def get_video(video_id: str, service: Service = Depends(get_service)) -> Video:
+def get_video(video_id: str, service: ServiceDep) -> Video:
     """One catalog record (hidden ones too, with ``hidden: true``)."""
     video = service.resources.catalog.get(_video_id(service, video_id))
     if video is None:
@@ -70,6 +70,7 @@ def get_video(video_id: str, service: Service = Depends(get_service)) -> Video:
 
 def _set_hidden(service: Service, video_id: str, hidden: bool) -> Video:
     video = service.resources.catalog.set_hidden(_video_id(service, video_id), hidden)
+    service.reads.forget_videos([video_id])
     service.signals.index_videos([video])
     return video
 
@@ -80,7 +81,7 @@ def _set_hidden(service: Service, video_id: str, hidden: bool) -> Video:
     dependencies=[Depends(require("admin"))],
     responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}},
 )
-def hide_video(video_id: str, service: Service = Depends(get_service)) -> Video:
+def hide_video(video_id: str, service: ServiceDep) -> Video:
     """Never recommend this video again (until unhidden); takes effect on the next request."""
     return _set_hidden(service, video_id, True)
 
@@ -91,6 +92,6 @@ def hide_video(video_id: str, service: Service = Depends(get_service)) -> Video:
     dependencies=[Depends(require("admin"))],
     responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}},
 )
-def unhide_video(video_id: str, service: Service = Depends(get_service)) -> Video:
+def unhide_video(video_id: str, service: ServiceDep) -> Video:
     """Make a hidden video recommendable again."""
     return _set_hidden(service, video_id, False)

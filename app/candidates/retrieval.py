@@ -11,7 +11,7 @@ are dropped there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,11 +50,17 @@ class Retriever:
     """Finds candidates for a user from every source (see the module docstring)."""
 
     def __init__(
-        self, catalog: CatalogStore, signals: CandidateSignals, settings: ApiSettings
+        self,
+        catalog: CatalogStore,
+        signals: CandidateSignals,
+        settings: ApiSettings,
+        videos: Callable[[Sequence[str]], list[Video | None]] | None = None,
     ) -> None:
         self.catalog = catalog
         self.signals = signals
         self.settings = settings
+        self.videos = videos or catalog.get_many
+        """Bulk catalog read used to filter (the service passes its cached reader)."""
 
     def retrieve(
         self, history: Sequence[HistoryEntry], now_ms: int, personal: bool = True
@@ -87,7 +93,7 @@ class Retriever:
         self, proposed: Sequence[tuple[str, str]], keep: CandidateFilter, cap: int
     ) -> list[Candidate]:
         """Catalog records of the proposed ids that pass ``keep``, at most ``cap``."""
-        videos = self.catalog.get_many([video_id for video_id, _ in proposed])
+        videos = self.videos([video_id for video_id, _ in proposed])
         seen, categories, longest = keep.seen, keep.categories, keep.max_duration_ms
         out = [
             Candidate(video, source)

@@ -39,7 +39,15 @@ from feature_store.features.extract import BatchFeatures, FeatureExtractor, Indi
 from feature_store.features.keys import Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
 
-REQUEST_CATEGORICAL = {"user_id", "device", "os", "country", "surface", "hour_of_day", "position_bucket"}
+REQUEST_CATEGORICAL = {
+    "user_id",
+    "device",
+    "os",
+    "country",
+    "surface",
+    "hour_of_day",
+    "position_bucket",
+}
 """Categorical sources that depend only on the user, the context and the clock."""
 VIDEO_CATEGORICAL = {"video_id", "creator_id", "category", "duration_bucket"}
 """Categorical sources that depend only on the catalog record."""
@@ -58,7 +66,14 @@ VECTOR_DENSE = {
 }
 
 _STAT_FIELDS = (
-    "impressions", "plays", "finishes", "likes", "shares", "skips", "dislikes", "last_ts"
+    "impressions",
+    "plays",
+    "finishes",
+    "likes",
+    "shares",
+    "skips",
+    "dislikes",
+    "last_ts",
 )
 _stat_row = attrgetter(*_STAT_FIELDS)
 _CACHE_MAX = 200_000
@@ -83,14 +98,18 @@ class _VideoTable:
         self.videos: list[Video] = []
         self.categorical = np.zeros((capacity, self.n_categorical), dtype=np.uint64)
         self.numbers = np.zeros((capacity, 2), dtype=np.float64)
-        self.multi = {n: np.zeros((capacity, k), dtype=np.uint64) for n, k in self.multi_lens.items()}
+        self.multi = {
+            n: np.zeros((capacity, k), dtype=np.uint64) for n, k in self.multi_lens.items()
+        }
         self.multi_len = {n: np.zeros(capacity, dtype=np.int64) for n in self.multi_lens}
 
     def add(self, video: Video, categorical: list[int], multi: dict[str, Keys]) -> int:
         row = len(self.videos)
         if row == len(self.numbers):
             grow = len(self.numbers)
-            self.categorical = np.concatenate([self.categorical, np.zeros_like(self.categorical[:grow])])
+            self.categorical = np.concatenate(
+                [self.categorical, np.zeros_like(self.categorical[:grow])]
+            )
             self.numbers = np.concatenate([self.numbers, np.zeros_like(self.numbers[:grow])])
             for n in self.multi:
                 self.multi[n] = np.concatenate([self.multi[n], np.zeros_like(self.multi[n][:grow])])
@@ -288,14 +307,17 @@ class RequestFeatureExtractor(FeatureExtractor):
         engagements = s["plays"] + s["finishes"] + s["likes"] + s["shares"]
         hours = np.maximum(0.0, (ts_ms - s["last_ts"]) / 3_600_000)
         values = {
-            "video_age_log_hours": lambda: np.log1p(np.maximum(0.0, (ts_ms - uploaded) / 3_600_000)),
+            "video_age_log_hours": lambda: np.log1p(
+                np.maximum(0.0, (ts_ms - uploaded) / 3_600_000)
+            ),
             "duration_log_s": lambda: np.log1p(duration / 1000),
             "log_engagements": lambda: np.log1p(engagements),
             "log_impressions": lambda: np.log1p(s["impressions"]),
             "finish_rate": lambda: (s["finishes"] + 0.5) / (s["plays"] + 1.0),
             "like_rate": lambda: (s["likes"] + s["shares"] + 0.1) / (s["plays"] + 1.0),
-            "skip_rate": lambda: (s["skips"] + s["dislikes"] + 0.1)
-            / (s["impressions"] + s["plays"] + 1.0),
+            "skip_rate": lambda: (
+                (s["skips"] + s["dislikes"] + 0.1) / (s["impressions"] + s["plays"] + 1.0)
+            ),
             "history_length_log": lambda: np.full(batch, np.log1p(len(history))),
             "recency_log_hours": lambda: np.where(s["last_ts"] > 0, np.log1p(hours), 10.0),
         }

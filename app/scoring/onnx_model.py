@@ -241,8 +241,12 @@ class ModelHolder:
             except (VidrecError, ConfigurationError) as exc:
                 self.failed[active] = str(exc)
                 self.last_error = str(exc)
-                log.error("model %s failed to load; keeping %s: %s", active,
-                          current.version if current else None, exc)
+                log.error(
+                    "model %s failed to load; keeping %s: %s",
+                    active,
+                    current.version if current else None,
+                    exc,
+                )
                 if self.on_failure is not None:
                     self.on_failure(active, exc)
                 return False
@@ -250,7 +254,10 @@ class ModelHolder:
             self.last_error = None
             log.info(
                 "serving model %s on %s (load %.3f s, warm-up %.3f s)",
-                loaded.version, loaded.provider, loaded.load_seconds, loaded.warmup_seconds,
+                loaded.version,
+                loaded.provider,
+                loaded.load_seconds,
+                loaded.warmup_seconds,
             )
             if self.on_swap is not None:
                 self.on_swap(loaded)

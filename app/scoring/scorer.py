@@ -41,10 +41,13 @@ class Scorer:
         schema: FeatureSchema,
         tables: Mapping[str, SparseTable],
         observe: StageObserver | None = None,
+        pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
     ) -> None:
         self.schema = schema
         self.tables = tables
         self.observe = observe or (lambda stage, seconds: None)
+        self._pull = pull or (lambda table, keys: self.tables[table].pull(keys, train=False))
+        """Row reader: the tables directly, or the service's short-TTL cache."""
         self._local = threading.local()
 
     @property
@@ -70,11 +73,8 @@ class Scorer:
         self, batch: BatchFeatures
     ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
         """Weights of the batch's unique keys: one pull per table, plus the wide table."""
-        rows = {
-            table: self.tables[table].pull(keys, train=False)
-            for table, keys in batch.table_keys.items()
-        }
-        wide = self.tables[WIDE_TABLE].pull(batch.wide_keys, train=False)
+        rows = {table: self._pull(table, keys) for table, keys in batch.table_keys.items()}
+        wide = self._pull(WIDE_TABLE, batch.wide_keys)
         return rows, wide
 
     def run(

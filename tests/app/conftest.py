@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import warnings
 
 import pytest
 
@@ -28,13 +27,21 @@ KEY = {"X-API-Key": "vidrec-dev-key"}
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     """Embedded (memory) settings with fast model polling and small warm-up buckets."""
-    api = {"model_poll_interval_s": 0.05, "batch_buckets": (16, 128, 512), "fallback_refresh_s": 0.2}
+    api = {
+        "model_poll_interval_s": 0.05,
+        "batch_buckets": (16, 128, 512),
+        "fallback_refresh_s": 0.2,
+    }
     api.update(overrides.pop("api", {}))
     return Settings(data_dir=data_dir, api=api, **overrides)
 
 
 def publish_model(
-    registry: ModelRegistry, schema: FeatureSchema, *, family: str = "main", seed: int = 0,
+    registry: ModelRegistry,
+    schema: FeatureSchema,
+    *,
+    family: str = "main",
+    seed: int = 0,
     activate: bool = True,
 ) -> str:
     """A real exported WideDeep version (untrained), published like the trainer does."""
@@ -46,8 +53,14 @@ def publish_model(
     torch.manual_seed(seed)
     time.sleep(0.002)  # version names carry milliseconds
     return publish(
-        registry, WideDeep(schema, hidden=(32, 16)), schema, family=family,
-        training_position={}, metrics={}, activate=activate, keep=20,
+        registry,
+        WideDeep(schema, hidden=(32, 16)),
+        schema,
+        family=family,
+        training_position={},
+        metrics={},
+        activate=activate,
+        keep=20,
     )
 
 

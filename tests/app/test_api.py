@@ -66,11 +66,18 @@ def test_writes_need_a_key_and_admin_needs_the_admin_key(tmp_path: Any) -> None:
     with TestClient(create_app(settings)) as client:
         body = {"videos": [video_json(video_id="k1")]}
         assert client.put("/v1/videos", json=body).status_code == 401
-        assert client.put("/v1/videos", json=body, headers={"X-API-Key": "wrong"}).status_code == 401
+        assert (
+            client.put("/v1/videos", json=body, headers={"X-API-Key": "wrong"}).status_code == 401
+        )
         ok = client.put("/v1/videos", json=body, headers={"Authorization": "Bearer writer-key"})
         assert ok.status_code == 200
-        assert client.post("/v1/videos/k1/hide", headers={"X-API-Key": "writer-key"}).status_code == 401
-        assert client.post("/v1/videos/k1/hide", headers={"X-API-Key": "admin-key"}).status_code == 200
+        assert (
+            client.post("/v1/videos/k1/hide", headers={"X-API-Key": "writer-key"}).status_code
+            == 401
+        )
+        assert (
+            client.post("/v1/videos/k1/hide", headers={"X-API-Key": "admin-key"}).status_code == 200
+        )
         # Reads are open unless a read key is configured.
         assert client.post("/v1/recommend", json={"user_id": "u1"}).status_code == 200
 
@@ -90,7 +97,7 @@ def test_writes_need_a_key_and_admin_needs_the_admin_key(tmp_path: Any) -> None:
         (b'{"count": 3}', 422, "user_id"),
         (b'{"user_id": "u1", "context": {"device": 7}}', 422, "context.device"),
         (b'{"user_id": "u1", "filters": {"max_duration_ms": -1}}', 422, "filters.max_duration_ms"),
-        (b'[1, 2]', 422, "body"),
+        (b"[1, 2]", 422, "body"),
     ],
 )
 def test_bad_recommend_requests_are_4xx_naming_the_field(
@@ -164,7 +171,9 @@ def test_all_bad_events_is_422_naming_the_first_field(client: TestClient) -> Non
 
 
 def test_bad_video_batch_keeps_good_videos(client: TestClient) -> None:
-    body = {"videos": [video_json(video_id="ok1"), {**video_json(video_id="no1"), "duration_ms": 0}]}
+    body = {
+        "videos": [video_json(video_id="ok1"), {**video_json(video_id="no1"), "duration_ms": 0}]
+    }
     response = client.put("/v1/videos", json=body, headers=KEY)
     assert response.status_code == 200
     assert response.json()["errors"][0]["field"] == "duration_ms"
@@ -204,17 +213,27 @@ def test_unknown_user_gets_popular_and_fresh_ranked_by_the_model(client: TestCli
 
 def test_known_user_candidates_hidden_seen_and_filters(client: TestClient) -> None:
     with_model(client)
-    videos = [video_json(video_id=f"m{i}", category="music" if i % 2 else "news",
-                         duration_ms=10_000 * (i + 1), creator_id=f"cr{i % 3}") for i in range(12)]
+    videos = [
+        video_json(
+            video_id=f"m{i}",
+            category="music" if i % 2 else "news",
+            duration_ms=10_000 * (i + 1),
+            creator_id=f"cr{i % 3}",
+        )
+        for i in range(12)
+    ]
     put_videos(client, videos)
     service = service_of(client)
     now = int(time.time() * 1000)
-    watched = [make_event(user_id="fan", video_id="m1", ts=now - 5000, watch_ms=10_000,
-                          duration_ms=20_000)]
+    watched = [
+        make_event(user_id="fan", video_id="m1", ts=now - 5000, watch_ms=10_000, duration_ms=20_000)
+    ]
     service.resources.activity.record(watched)
     service.signals.record(
-        [make_event(user_id="other", video_id="m1", ts=now - 9000),
-         make_event(user_id="other", video_id="m4", ts=now - 8000)]
+        [
+            make_event(user_id="other", video_id="m1", ts=now - 9000),
+            make_event(user_id="other", video_id="m4", ts=now - 8000),
+        ]
     )
     client.post("/v1/videos/m3/hide", headers=KEY)
     body = client.post("/v1/recommend", json={"user_id": "fan", "count": 50}).json()
@@ -242,8 +261,11 @@ def test_given_candidates_are_ranked_unknown_and_hidden_dropped(client: TestClie
     client.post("/v1/videos/g2/hide", headers=KEY)
     body = client.post(
         "/v1/recommend",
-        json={"user_id": "u1", "candidates": ["g0", "g1", "g2", "ghost", "g4", "g0"],
-              "context": {"device": "tv", "surface": "home"}},
+        json={
+            "user_id": "u1",
+            "candidates": ["g0", "g1", "g2", "ghost", "g4", "g0"],
+            "context": {"device": "tv", "surface": "home"},
+        },
     ).json()
     assert sorted(i["video_id"] for i in body["items"]) == ["g0", "g1", "g4"]
     assert {i["source"] for i in body["items"]} == {"request"}
@@ -275,8 +297,10 @@ def test_health_readiness_metrics_status(client: TestClient) -> None:
 def test_posted_events_reach_trending_and_covisit_within_two_seconds(client: TestClient) -> None:
     put_videos(client, [video_json(video_id=f"t{i}") for i in range(4)])
     now = int(time.time() * 1000)
-    events = [event_json(user_id="w1", video_id="t1", ts=now - 3000),
-              event_json(user_id="w1", video_id="t2", ts=now - 2000, type="like")]
+    events = [
+        event_json(user_id="w1", video_id="t1", ts=now - 3000),
+        event_json(user_id="w1", video_id="t2", ts=now - 2000, type="like"),
+    ]
     started = time.monotonic()
     assert client.post("/v1/events", json={"events": events}, headers=KEY).status_code == 200
     service = service_of(client)

@@ -31,8 +31,12 @@ def test_redis_down_degrades_then_recovers_by_itself(tmp_path: Path) -> None:
         with TestClient(create_app(settings)) as client:
             service = service_of(client)
             now = int(time.time() * 1000)
-            videos = [json.loads(make_video(video_id=f"r{i}", uploaded_at=now - 1000 * i)
-                                 .model_dump_json()) for i in range(10)]
+            videos = [
+                json.loads(
+                    make_video(video_id=f"r{i}", uploaded_at=now - 1000 * i).model_dump_json()
+                )
+                for i in range(10)
+            ]
             assert client.put("/v1/videos", json={"videos": videos}, headers=KEY).status_code == 200
             service.signals.record([make_event(video_id="r5", ts=now)])
             version = publish_model(service.resources.registry, service.resources.schema)
@@ -50,7 +54,10 @@ def test_redis_down_degrades_then_recovers_by_itself(tmp_path: Path) -> None:
             ready = client.get("/readyz")
             assert ready.status_code == 503 and ready.json()["checks"]["redis"] != "ok"
             given = client.post("/v1/recommend", json={"user_id": "u1", "candidates": ["r1", "r2"]})
-            assert given.status_code == 200 and [i["video_id"] for i in given.json()["items"]] == ["r1", "r2"]
+            assert given.status_code == 200 and [i["video_id"] for i in given.json()["items"]] == [
+                "r1",
+                "r2",
+            ]
             # Writes say the backend is unavailable instead of failing with a 500.
             put = client.put("/v1/videos", json={"videos": videos[:1]}, headers=KEY)
             assert put.status_code == 503 and put.json()["error"] == "StoreUnavailable"
@@ -80,6 +87,8 @@ def test_serving_path_never_imports_torch(tmp_path: Path) -> None:
         "assert 'trainer' not in sys.modules, 'trainer imported'\n"
         "print('clean')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "clean" in result.stdout

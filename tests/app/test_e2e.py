@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
-
-import warnings
 
 import httpx
 import pytest
@@ -38,8 +37,14 @@ PER_CATEGORY = 30
 def catalog(now: int) -> list[dict[str, Any]]:
     """Two categories to engage with, plus new uploads by the car creators, watched by nobody."""
     new = [
-        {"video_id": f"newcar{i}", "creator_id": f"cars-creator{i}", "category": "cars",
-         "tags": ["cars"], "duration_ms": 60_000, "uploaded_at": now - 60_000}
+        {
+            "video_id": f"newcar{i}",
+            "creator_id": f"cars-creator{i}",
+            "category": "cars",
+            "tags": ["cars"],
+            "duration_ms": 60_000,
+            "uploaded_at": now - 60_000,
+        }
         for i in range(3)
     ]
     return new + [
@@ -56,7 +61,9 @@ def catalog(now: int) -> list[dict[str, Any]]:
     ]
 
 
-def engagement(user: str, liked: str, disliked: str, rounds: range, now: int) -> list[dict[str, Any]]:
+def engagement(
+    user: str, liked: str, disliked: str, rounds: range, now: int
+) -> list[dict[str, Any]]:
     """``user`` finishes and likes videos of ``liked`` and skips those of ``disliked``."""
     events: list[dict[str, Any]] = []
     ts = now - 600_000
@@ -65,11 +72,25 @@ def engagement(user: str, liked: str, disliked: str, rounds: range, now: int) ->
             ts += 100
             base = {"user_id": user, "ts": ts, "context": {"device": "phone", "surface": "home"}}
             if (i + r) % 2 == 0:
-                events.append({**base, "event_id": f"{user}-f{r}-{i}", "video_id": f"{liked}{i}",
-                               "type": "finish", "watch_ms": 60_000, "duration_ms": 60_000})
+                events.append(
+                    {
+                        **base,
+                        "event_id": f"{user}-f{r}-{i}",
+                        "video_id": f"{liked}{i}",
+                        "type": "finish",
+                        "watch_ms": 60_000,
+                        "duration_ms": 60_000,
+                    }
+                )
             else:
-                events.append({**base, "event_id": f"{user}-s{r}-{i}", "video_id": f"{disliked}{i}",
-                               "type": "skip"})
+                events.append(
+                    {
+                        **base,
+                        "event_id": f"{user}-s{r}-{i}",
+                        "video_id": f"{disliked}{i}",
+                        "type": "skip",
+                    }
+                )
     return events
 
 
@@ -107,16 +128,18 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         events += engagement("bob", "cats", "cars", range(6), now)
         posted = 0
         for start in range(0, len(events), 100):
-            response = http.post("/v1/events", json={"events": events[start:start + 100]},
-                                 headers=KEY)
+            response = http.post(
+                "/v1/events", json={"events": events[start : start + 100]}, headers=KEY
+            )
             assert response.status_code == 200 and response.json()["rejected"] == 0
             posted += response.json()["accepted"]
         wait_for(lambda: trainer.status()["events_total"] >= posted, timeout_s=90)
         second = trainer.export_now(activate=True)
         assert second != first
         after = wait_for(
-            lambda: (r := http.post("/v1/recommend", json=ask).json())["model_version"] == second
-            and r,
+            lambda: (
+                (r := http.post("/v1/recommend", json=ask).json())["model_version"] == second and r
+            ),
             timeout_s=30,
         )
         assert share(after["items"], "cars") > share(before["items"], "cars")

@@ -40,20 +40,32 @@ def zero_tables() -> dict[str, object]:
 @pytest.mark.parametrize("history_len", [0, 3, 40])
 def test_request_features_equal_the_generic_extractor(history_len: int) -> None:
     videos = [
-        make_video(video_id=f"x{i}", creator_id=f"c{i % 4}", tags=tuple(f"t{j}" for j in range(i % 11)),
-                   duration_ms=1000 + 997 * i)
+        make_video(
+            video_id=f"x{i}",
+            creator_id=f"c{i % 4}",
+            tags=tuple(f"t{j}" for j in range(i % 11)),
+            duration_ms=1000 + 997 * i,
+        )
         for i in range(37)
     ]
     history = [HistoryEntry(video_id=f"x{i}", watch_ratio=0.4, ts=1) for i in range(history_len)]
     stats = [
-        VideoStats(plays=i, impressions=3 * i, likes=i % 2, skips=i % 5, finishes=i % 3,
-                   last_ts=0 if i % 4 == 0 else 1_700_000_000_000 + i)
+        VideoStats(
+            plays=i,
+            impressions=3 * i,
+            likes=i % 2,
+            skips=i % 5,
+            finishes=i % 3,
+            last_ts=0 if i % 4 == 0 else 1_700_000_000_000 + i,
+        )
         for i in range(37)
     ]
     context = EventContext(device="tv", country="DE", surface="home", position=33)
     ts = 1_700_000_900_000
-    rows = [FeatureRow("u9", v.video_id, ts, v, context, tuple(history), s)
-            for v, s in zip(videos, stats, strict=True)]
+    rows = [
+        FeatureRow("u9", v.video_id, ts, v, context, tuple(history), s)
+        for v, s in zip(videos, stats, strict=True)
+    ]
     want = FeatureExtractor(SCHEMA).extract(rows)
     extractor = RequestFeatureExtractor(SCHEMA)
     for _ in range(2):  # the second pass reads the per-video key cache
@@ -138,13 +150,31 @@ def test_holder_swaps_and_keeps_old_on_broken_version(tmp_path: Path) -> None:
 def test_service_hot_swaps_over_http(client: TestClient) -> None:
     service = service_of(client)
     registry = service.resources.registry
-    client.put("/v1/videos", json={"videos": [json.loads(make_video(video_id="hs1").model_dump_json())]},
-               headers=KEY)
+    client.put(
+        "/v1/videos",
+        json={"videos": [json.loads(make_video(video_id="hs1").model_dump_json())]},
+        headers=KEY,
+    )
     first = publish_model(registry, SCHEMA, seed=1)
-    wait_for(lambda: client.post("/v1/recommend", json={"user_id": "a", "candidates": ["hs1"]}).json()["model_version"] == first)
+    wait_for(
+        lambda: (
+            client.post("/v1/recommend", json={"user_id": "a", "candidates": ["hs1"]}).json()[
+                "model_version"
+            ]
+            == first
+        )
+    )
     second = publish_model(registry, SCHEMA, seed=2)
     got = wait_for(
-        lambda: (r := client.post("/v1/recommend", json={"user_id": "a", "candidates": ["hs1"]}).json())["model_version"] == second and r
+        lambda: (
+            (
+                r := client.post(
+                    "/v1/recommend", json={"user_id": "a", "candidates": ["hs1"]}
+                ).json()
+            )["model_version"]
+            == second
+            and r
+        )
     )
     assert got["items"][0]["video_id"] == "hs1"
     metrics = client.get("/metrics").text

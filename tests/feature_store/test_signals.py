@@ -40,7 +40,9 @@ def test_trending_ranks_recent_engagement_above_old(signals: MemorySignals | Red
 
 
 def test_impressions_and_skips_do_not_trend(signals: MemorySignals | RedisSignals) -> None:
-    signals.record([make_event(video_id="a", type="impression"), make_event(video_id="b", type="skip")])
+    signals.record(
+        [make_event(video_id="a", type="impression"), make_event(video_id="b", type="skip")]
+    )
     assert signals.trending(10) == []
 
 
@@ -55,11 +57,18 @@ def test_rescale_keeps_ranking(signals: MemorySignals | RedisSignals) -> None:
 def test_covisitation_pairs_new_watch_with_history(signals: MemorySignals | RedisSignals) -> None:
     history = {"u1": [HistoryEntry(video_id="h1", watch_ratio=1.0, ts=BASE_TS)]}
     signals.record([make_event(user_id="u1", video_id="x")], history)
-    signals.record([make_event(user_id="u2", video_id="h1"), make_event(user_id="u2", video_id="y")])
+    signals.record(
+        [make_event(user_id="u2", video_id="h1"), make_event(user_id="u2", video_id="y")]
+    )
     assert dict(signals.covisited(["x"], 10)) == {"h1": 1.0}
     assert dict(signals.covisited(["h1"], 10)) == {"x": 1.0, "y": 1.0}
     # Short plays are not evidence that two videos go together.
-    signals.record([make_event(user_id="u3", video_id="h1"), make_event(user_id="u3", video_id="z", watch_ms=1000)])
+    signals.record(
+        [
+            make_event(user_id="u3", video_id="h1"),
+            make_event(user_id="u3", video_id="z", watch_ms=1000),
+        ]
+    )
     assert "z" not in dict(signals.covisited(["h1"], 10))
 
 
@@ -68,13 +77,18 @@ def test_covisitation_keeps_strongest_neighbours(signals: MemorySignals | RedisS
     for i, other in enumerate(["a", "b", "c", "d", "e", "f", "g", "h"]):
         for n in range(i + 1):
             user = f"u{other}{n}"
-            batch += [make_event(user_id=user, video_id="x"), make_event(user_id=user, video_id=other)]
+            batch += [
+                make_event(user_id=user, video_id="x"),
+                make_event(user_id=user, video_id=other),
+            ]
     signals.record(batch)
     got = [v for v, _ in signals.covisited(["x"], 3)]
     assert got == ["h", "g", "f"]
 
 
-def test_creator_videos_newest_first_and_hidden_removed(signals: MemorySignals | RedisSignals) -> None:
+def test_creator_videos_newest_first_and_hidden_removed(
+    signals: MemorySignals | RedisSignals,
+) -> None:
     a1, a2, a3 = (make_video(creator_id="ca") for _ in range(3))
     b1 = make_video(creator_id="cb")
     signals.index_videos([a1, a2, a3, b1])

@@ -1,0 +1,77 @@
+"""The short-TTL read cache of the Redis deployment: correct rows, bounded staleness."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from app.cache import RowCache, TtlCache
+from app.main import create_app
+from feature_store.settings import Settings
+from feature_store.sparse import TableSpec, open_table
+from tests.app.conftest import KEY, TestClient, make_settings, publish_model, service_of, wait_for
+from tests.factories import make_video
+
+
+def test_ttl_cache_fetches_only_misses_and_expires() -> None:
+    calls: list[list[str]] = []
+
+    def fetch(keys: list[str]) -> list[str]:
+        calls.append(keys)
+        return [k.upper() for k in keys]
+
+    cache: TtlCache[str, str] = TtlCache(ttl_s=0.05)
+    assert cache.get_many(["a", "b"], fetch) == ["A", "B"]
+    assert cache.get_many(["b", "c", "a"], fetch) == ["B", "C", "A"]
+    assert calls == [["a", "b"], ["c"]]
+    time.sleep(0.06)
+    cache.get_many(["a"], fetch)
+    assert calls[-1] == ["a"]
+
+
+@pytest.mark.redis
+def test_row_cache_matches_the_table_and_sees_updates_after_ttl(redis_url: str) -> None:
+    settings = Settings(redis={"url": redis_url}, sparse={"backend": "redis"})
+    client = redis.Redis.from_url(redis_url)
+    table = open_table(TableSpec("video", 4, "adagrad"), settings, redis_client=client)
+    keys = np.arange(1, 301, dtype=np.uint64)
+    table.pull(keys[:200], train=True)  # admit 200 of them
+    cache = RowCache(table, ttl_s=0.2, capacity=512)
+    want = table.pull(keys, train=False)
+    np.testing.assert_array_equal(cache.pull(keys), want)
+    np.testing.assert_array_equal(cache.pull(keys[::-1]), want[::-1])  # hits, any order
+    table.push(keys[:10], np.ones((10, 4), dtype=np.float32))
+    np.testing.assert_array_equal(cache.pull(keys[:10]), want[:10])  # stale within the TTL
+    time.sleep(0.25)
+    np.testing.assert_array_equal(cache.pull(keys[:10]), table.pull(keys[:10], train=False))
+    table.close()
+    client.close()
+
+
+@pytest.mark.redis
+def test_hide_through_this_process_applies_at_once_despite_the_cache(
+    tmp_path: Path, redis_url: str
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        redis={"url": redis_url},
+        sparse={"backend": "redis"},
+        stores={"backend": "redis"},
+        api={"hot_row_cache_ttl_ms": 1500},
+    )
+    with TestClient(create_app(settings)) as client:
+        service = service_of(client)
+        publish_model(service.resources.registry, service.resources.schema)
+        wait_for(lambda: service.model is not None)
+        videos = [json.loads(make_video(video_id=f"hc{i}").model_dump_json()) for i in range(3)]
+        client.put("/v1/videos", json={"videos": videos}, headers=KEY)
+        ask = {"user_id": "u1", "candidates": ["hc0", "hc1", "hc2"]}
+        assert len(client.post("/v1/recommend", json=ask).json()["items"]) == 3
+        client.post("/v1/videos/hc1/hide", headers=KEY)
+        ids = [i["video_id"] for i in client.post("/v1/recommend", json=ask).json()["items"]]
+        assert sorted(ids) == ["hc0", "hc2"]
