@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.nn import functional
 
@@ -70,8 +69,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _settings(data_dir: Path, backend: str, batch: int, threads: int, redis_url: str | None
-              ) -> Settings:
+def _settings(data_dir: Path, backend: str, batch: int, threads: int, redis_url: str | None,
+              prefetch: bool = False) -> Settings:
     overrides: dict[str, Any] = {
         "data_dir": data_dir,
         "sparse": {"backend": backend},
@@ -81,6 +80,7 @@ def _settings(data_dir: Path, backend: str, batch: int, threads: int, redis_url:
             "export_every_s": 0,
             "checkpoint_every_s": 1e9,
             "threads": threads,
+            "prefetch": prefetch,
         },
     }
     if redis_url is not None:
@@ -104,10 +104,11 @@ def pipeline_rate(settings: Settings, world: SyntheticWorld, events: list[Any], 
         while metrics.events_total < warmup:
             time.sleep(0.01)
         t0, e0, s0 = time.perf_counter(), metrics.events_total, metrics.samples_total
+        k0, b0 = metrics.unique_keys_total, metrics.batches_total
         while metrics.events_total < len(events):
             time.sleep(0.01)
         t1, e1, s1 = time.perf_counter(), metrics.events_total, metrics.samples_total
-        keys = metrics.unique_keys
+        keys = (metrics.unique_keys_total - k0) / max(1, metrics.batches_total - b0)
         trainer.request_stop()
         thread.join()
         window = metrics.window()
@@ -173,6 +174,7 @@ def run(
     backends: tuple[str, ...] = ("memory", "redis"),
     threads: int = 1,
     redis_url: str | None = None,
+    prefetch: bool = False,
 ) -> list[dict[str, Any]]:
     """Measure; one dict per figure: ``figure``, ``value`` and ``floor`` (events/s),
     ``ratio`` (floor time / pipeline time), ``unit``, ``note``."""
@@ -195,7 +197,7 @@ def run(
                 server.start()
                 url = server.url
             try:
-                settings = _settings(Path(tmp) / backend, backend, batch, threads, url)
+                settings = _settings(Path(tmp) / backend, backend, batch, threads, url, prefetch)
                 figures = pipeline_rate(settings, SyntheticWorld(world.config), stream, warmup)
             finally:
                 if server is not None:
@@ -236,11 +238,14 @@ def main() -> None:
     parser.add_argument("--backends", default="memory,redis")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
     parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
+                        help="poll the next batch in a second thread (trainer.prefetch)")
     args = parser.parse_args()
     print(machine())
     results = run(
         events=args.events, warmup=args.warmup, batch=args.batch,
         backends=tuple(args.backends.split(",")), threads=args.threads, redis_url=args.redis_url,
+        prefetch=args.prefetch,
     )
     print(_format(results))
 

@@ -59,6 +59,7 @@ from feature_store.timeseries import MetricsSeries
 from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, STATE_FILE, Checkpointer
 from trainer.dedupe import DedupeWindow, id_hash
 from trainer.export import publish
+from trainer.fetch import IDLE, Fetcher
 from trainer.labels import Joiner, LabelPolicy, Sample
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
@@ -92,14 +93,20 @@ class OnlineTrainer:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
         self.model = WideDeep(self.schema, cfg.hidden)
-        self.trainer = Trainer(self.schema, resources.tables, self.model, cfg.dense_learning_rate)
+        self.durable_sparse = settings.sparse.backend != "memory"
+        self.trainer = Trainer(
+            self.schema,
+            resources.tables,
+            self.model,
+            cfg.dense_learning_rate,
+            io_threads=cfg.io_threads if self.durable_sparse else 1,
+        )
         self.joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
         self.dedupe = DedupeWindow(cfg.dedupe_window)
         self.metrics = TrainerMetrics(cfg.metrics_window, registry)
         self.series = series
         self.root: Path = settings.data_dir / "trainer" / cfg.group_id
         self.checkpointer = Checkpointer(self.root, cfg.checkpoints_kept)
-        self.durable_sparse = settings.sparse.backend != "memory"
         self.in_process_stores = settings.stores.backend == "memory"
         self.history_limit = settings.features.history_in_model
         self.positions: dict[int, int] = {}
@@ -112,7 +119,7 @@ class OnlineTrainer:
         self._paused = threading.Event()
         self._requests: SimpleQueue[tuple[bool, Future[str]]] = SimpleQueue()
         self._thread_id: int | None = None
-        self._consumer: EventConsumer | None = None
+        self._fetcher: Fetcher | None = None
         self._broken = False
         self._dirty = False
         """Trained or consumed anything since the last checkpoint."""
@@ -164,47 +171,47 @@ class OnlineTrainer:
     def _run(self) -> None:
         self.restore()
         consumer = self.resources.event_log.consumer(self.cfg.group_id)
-        self._consumer = consumer
+        fetcher = Fetcher(
+            consumer,
+            self.cfg.batch_size,
+            self.cfg.max_wait_ms / 1000.0,
+            threaded=self.cfg.prefetch,
+        )
+        self._fetcher = fetcher
+        fetcher.start()
         self.state = "running"
         try:
             while not self._stop.is_set():
                 self._serve_requests()
                 if self._paused.is_set():
+                    fetcher.pause()
                     self.state = "paused"
-                    self._periodic(consumer, idle=True)
+                    self._periodic(idle=True)
                     self._stop.wait(0.05)
                     continue
+                fetcher.resume()
                 self.state = "running"
-                records = self._fetch(consumer)
+                records = fetcher.get(timeout_s=0.1)
                 if records:
                     self.train_records(records)
-                else:
+                elif records is IDLE:
                     self._train_samples(self.joiner.flush_idle(int(time.time() * 1000)), None)
-                self._periodic(consumer, idle=not records)
+                self._periodic(idle=not records)
         finally:
             self.state = "stopping"
+            fetcher.stop()  # batches still queued were never trained: not committed, read again
             try:
                 self._serve_requests()
                 if not self._broken and self._dirty:
-                    self.checkpoint(consumer)
+                    self.checkpoint()
             finally:
                 self._fail_requests()
+                self.trainer.close()
                 consumer.close()
-                self._consumer = None
+                self._fetcher = None
                 self._thread_id = None
                 self.state = "stopped"
                 self._heartbeat()
-
-    def _fetch(self, consumer: EventConsumer) -> list[ConsumedEvent]:
-        size = self.cfg.batch_size
-        deadline = time.monotonic() + self.cfg.max_wait_ms / 1000.0
-        records: list[ConsumedEvent] = []
-        while len(records) < size and not self._stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            records += consumer.poll(size - len(records), timeout_s=remaining)
-        return records
 
     def train_records(self, records: list[ConsumedEvent]) -> None:
         """Dedupe, label, train and record one polled batch; advances positions."""
@@ -281,15 +288,13 @@ class OnlineTrainer:
                 attempt += 1
                 self._stop.wait(delay)
 
-    def _periodic(self, consumer: EventConsumer, idle: bool) -> None:
+    def _periodic(self, idle: bool) -> None:
         now = time.monotonic()
         cfg = self.cfg
         if now - self._last_point_t >= cfg.metrics_every_s:
             self._last_point_t = now
-            try:
-                self.metrics.set_lag(int(sum(consumer.lag().values())))
-            except BackendUnavailable as exc:
-                log.warning("lag unavailable: %s", exc)
+            if self._fetcher is not None:
+                self.metrics.set_lag(self._fetcher.lag)
             self.last_point = {
                 **self.metrics.snapshot(),
                 "joiner_pending": len(self.joiner),
@@ -309,7 +314,7 @@ class OnlineTrainer:
         if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
             self.export(cfg.auto_activate)
         if now - self._last_checkpoint >= cfg.checkpoint_every_s and self._dirty:
-            self.checkpoint(consumer)
+            self.checkpoint()
 
     def _serve_requests(self) -> None:
         while True:
@@ -357,7 +362,7 @@ class OnlineTrainer:
         log.info("exported %s (activate=%s)", version, activate)
         return version
 
-    def checkpoint(self, consumer: EventConsumer | None = None) -> None:
+    def checkpoint(self) -> None:
         """Write a checkpoint of the whole trained state, then commit its offsets."""
         seq = self.seq + 1
         positions = dict(self.positions)
@@ -365,10 +370,11 @@ class OnlineTrainer:
             self._write_audit(seq)
 
         def write(directory: Path) -> None:
-            torch.save(
-                {"model": self.model.state_dict(), "optimizer": self.trainer.optimizer.state_dict()},
-                directory / DENSE_FILE,
-            )
+            dense = {
+                "model": self.model.state_dict(),
+                "optimizer": self.trainer.optimizer.state_dict(),
+            }
+            torch.save(dense, directory / DENSE_FILE)
             np.save(directory / DEDUPE_FILE, self.dedupe.to_array())
             if not self.durable_sparse:
                 for name, table in self.resources.tables.items():
@@ -395,12 +401,10 @@ class OnlineTrainer:
         self._trained_ids = []
         self._last_checkpoint = time.monotonic()
         (self.root / JOURNAL_FILE).unlink(missing_ok=True)
-        if consumer is not None and positions:
+        fetcher = self._fetcher
+        if fetcher is not None and positions:
             try:
-                owned = set(consumer.assignment())  # a rebalance may have moved some away
-                commit = [Position(p, o) for p, o in sorted(positions.items()) if p in owned]
-                if commit:
-                    consumer.commit(commit)
+                fetcher.call(lambda: _commit(fetcher.consumer, positions))
             except BackendUnavailable as exc:  # the checkpoint stands; dedupe covers replays
                 log.warning("commit failed after checkpoint %d: %s", seq, exc)
 
@@ -485,3 +489,10 @@ class OnlineTrainer:
             "last_error": self.last_error,
             "metrics": self.last_point,
         }
+
+
+def _commit(consumer: EventConsumer, positions: dict[int, int]) -> None:
+    owned = set(consumer.assignment())  # a rebalance may have moved some partitions away
+    commit = [Position(p, o) for p, o in sorted(positions.items()) if p in owned]
+    if commit:
+        consumer.commit(commit)

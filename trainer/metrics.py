@@ -140,6 +140,8 @@ class TrainerMetrics:
         self.samples_total = 0
         self.batches_total = 0
         self.unique_keys = 0
+        """Unique sparse keys (all tables) of the last batch."""
+        self.unique_keys_total = 0
         self.lag = 0
         r = self.registry
         self.g_auc = Gauge("vidrec_trainer_auc", "Prequential AUC over the window", registry=r)
@@ -153,7 +155,9 @@ class TrainerMetrics:
         self.g_keys = Gauge(
             "vidrec_trainer_unique_keys", "Unique sparse keys in the last batch", registry=r
         )
-        self.g_lag = Gauge("vidrec_trainer_consumer_lag", "Records behind the log's end", registry=r)
+        self.g_lag = Gauge(
+            "vidrec_trainer_consumer_lag", "Records behind the log's end", registry=r
+        )
         self.c_events = Counter("vidrec_trainer_events", "Events consumed and trained", registry=r)
         self.c_samples = Counter("vidrec_trainer_samples", "Labelled samples trained", registry=r)
         self.c_dupes = Counter(
@@ -188,6 +192,7 @@ class TrainerMetrics:
         self.samples_total += samples
         self.batches_total += 1
         self.unique_keys = unique_keys
+        self.unique_keys_total += unique_keys
         self.c_events.inc(events)
         self.c_samples.inc(samples)
         if duplicates:

@@ -13,7 +13,11 @@ normalise step sizes per key, and Adam is invariant to the scale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +29,8 @@ from feature_store.features.extract import BatchFeatures, FeatureExtractor
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.sparse.base import SparseTable
 from trainer.model import WideDeep
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Trainer:
         tables: dict[str, SparseTable],
         model: WideDeep,
         learning_rate: float,
+        io_threads: int = 1,
     ) -> None:
         self.schema = schema
         self.tables = tables
@@ -76,13 +83,38 @@ class Trainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
         self.extractor = FeatureExtractor(schema)
         self._table_names = list(schema.table_dims())
+        self._pool = (
+            ThreadPoolExecutor(io_threads, thread_name_prefix="vidrec-table-io")
+            if io_threads > 1
+            else None
+        )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None  # later steps (a restarted loop) run sequentially
+
+    def _each(self, calls: list[Callable[[], T]]) -> list[T]:
+        """Run the calls (one per table), concurrently with a pool; all finish before return.
+
+        Every call completes (or fails) before this returns, so no push is
+        still in flight when the caller commits; the first error is raised.
+        """
+        if self._pool is None:
+            return [call() for call in calls]
+        futures = [self._pool.submit(call) for call in calls]
+        wait(futures)
+        return [f.result() for f in futures]
 
     def pull(
         self, batch: BatchFeatures, train: bool
     ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
-        rows = {t: self.tables[t].pull(batch.table_keys[t], train=train) for t in self._table_names}
-        wide = self.tables[WIDE_TABLE].pull(batch.wide_keys, train=train)
-        return rows, wide
+        names = [*self._table_names, WIDE_TABLE]
+        keys = [*(batch.table_keys[t] for t in self._table_names), batch.wide_keys]
+        pulled = self._each(
+            [partial(self.tables[t].pull, k, train=train) for t, k in zip(names, keys, strict=True)]
+        )
+        return dict(zip(self._table_names, pulled[:-1], strict=True)), pulled[-1]
 
     def step(
         self,
@@ -101,12 +133,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         n = len(self._table_names)
+        pushes: list[Callable[[], None]] = []
         for name, tensor in zip(self._table_names, inputs[:n], strict=True):
             if tensor.grad is not None and len(batch.table_keys[name]):
-                self.tables[name].push(batch.table_keys[name], tensor.grad.numpy())
+                pushes.append(
+                    partial(self.tables[name].push, batch.table_keys[name], tensor.grad.numpy())
+                )
         wide_grad = inputs[n + len(self.schema.embedded)].grad
         if wide_grad is not None and len(batch.wide_keys):
-            self.tables[WIDE_TABLE].push(batch.wide_keys, wide_grad.numpy())
+            pushes.append(partial(self.tables[WIDE_TABLE].push, batch.wide_keys, wide_grad.numpy()))
+        self._each(pushes)
         self.optimizer.step()
         scores = torch.sigmoid(logits.detach()).double().numpy()
         return StepResult(scores, float(loss.detach()), batch.unique_key_count)

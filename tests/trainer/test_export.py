@@ -16,7 +16,9 @@ from trainer.model import WideDeep
 SCHEMA = default_schema()
 
 
-def _publish(registry: ModelRegistry, model: WideDeep, activate: bool = True, keep: int = 10) -> str:
+def _publish(
+    registry: ModelRegistry, model: WideDeep, activate: bool = True, keep: int = 10
+) -> str:
     return publish(
         registry,
         model,

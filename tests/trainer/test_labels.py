@@ -67,10 +67,12 @@ def test_impression_without_play_times_out_into_a_negative() -> None:
     imp = make_event(type="impression", ts=1_000_000_000_000, video_id="a", context=ctx)
     assert joiner.observe([imp], [0], {}) == []
     # 9 s later in event time: still waiting
-    assert joiner.observe([make_event(type="click", ts=1_000_000_009_000, video_id="b")], [0], {}) == []
+    click = make_event(type="click", ts=1_000_000_009_000, video_id="b")
+    assert joiner.observe([click], [0], {}) == []
     # 11 s later: expired into a negative carrying the impression's context
     out = joiner.observe([make_event(type="click", ts=1_000_000_011_000, video_id="c")], [0], {})
-    assert [(s.event.event_id, s.label, s.context.position) for s in out] == [(imp.event_id, 0.0, 3)]
+    got = [(s.event.event_id, s.label, s.context.position) for s in out]
+    assert got == [(imp.event_id, 0.0, 3)]
     assert joiner.expired == 1
 
 

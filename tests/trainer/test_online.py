@@ -35,7 +35,8 @@ def test_online_training_beats_chance_and_popularity(
     headroom: AUC > 0.68 and at least 0.06 above the baseline.
     """
     redis_url = request.getfixturevalue("redis_url") if sparse == "redis" else None
-    settings = trainer_settings(tmp_path, sparse, redis_url)
+    # Redis also exercises concurrent table I/O (io_threads); memory always runs inline.
+    settings = trainer_settings(tmp_path, sparse, redis_url, io_threads=4)
     world = SyntheticWorld(WORLD)
     events = world.events(60_000)
     with open_resources(settings) as resources:
@@ -51,8 +52,9 @@ def test_online_training_beats_chance_and_popularity(
     assert window["logloss"] < 0.62, window
 
 
-def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
-    settings = trainer_settings(tmp_path, audit=True)
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_restart_resumes_from_the_checkpoint(tmp_path: Path, prefetch: bool) -> None:
+    settings = trainer_settings(tmp_path, audit=True, prefetch=prefetch)
     world = SyntheticWorld(WORLD)
     events = world.events(12_000)
     user_keys = np.unique(
