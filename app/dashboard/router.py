@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources as package_files
 from typing import Annotated, Any
 
@@ -54,6 +54,7 @@ class Dashboard:
     audit: AuditLog
     channel: ControlChannel
     own_series: MetricsSeries | None
+    clock: views.CheckpointClock = field(default_factory=views.CheckpointClock)
 
     @property
     def series(self) -> MetricsSeries | None:
@@ -133,7 +134,9 @@ def overview(dashboard: Board, since_ms: Annotated[int, Query(ge=0)] = 0) -> dic
     audit = _audit(dashboard, settings.audit_shown)
     return views.finite({
         "retrains": views.retrains(service, audit["entries"], since_ms),
-        "training": views.training(service, dashboard.series, settings, since_ms),
+        "training": views.training(
+            service, dashboard.series, settings, since_ms, dashboard.clock
+        ),
         "serving": views.serving(service, dashboard.sampler, since_ms),
         "models": views.models(service),
         "tables": views.tables(dashboard.sampler),

@@ -68,12 +68,41 @@ def display_state(status: dict[str, Any] | None, lag_warning: int) -> str:
     return state
 
 
+class CheckpointClock:
+    """When each trainer's checkpoint number was first seen to change, ms since epoch.
+
+    The trainer's status carries the number of its last checkpoint, not its
+    time; the page shows "#N, about T ago" from when this service first saw N
+    (exact to a poll, and unknown for the checkpoint in place when it started).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, int | None]] = {}
+
+    def observe(self, group: str, seq: int | None) -> int | None:
+        if seq is None:
+            return None
+        known = self._seen.get(group)
+        if known is None:
+            self._seen[group] = (seq, None)  # in place before we looked: time unknown
+            return None
+        if known[0] != seq:
+            self._seen[group] = (seq, int(time.time() * 1000))
+        return self._seen[group][1]
+
+
 def training(
-    service: Service, series: MetricsSeries | None, settings: DashboardSettings, since_ms: int
+    service: Service,
+    series: MetricsSeries | None,
+    settings: DashboardSettings,
+    since_ms: int,
+    clock: CheckpointClock | None = None,
 ) -> dict[str, Any]:
     def build() -> dict[str, Any]:
         resources = service.resources
         status = trainer_status(service, series)
+        seq = (status or {}).get("checkpoint_seq")
+        group = str((status or {}).get("group_id"))
         latest = dict((status or {}).get("metrics") or {})
         ends = resources.event_log.end_offsets()
         positions = {int(p): int(o) for p, o in ((status or {}).get("positions") or {}).items()}
@@ -85,7 +114,8 @@ def training(
             "latest": {k: latest.get(k) for k in TRAINING_FIELDS},
             "lag_per_partition": lag if status is not None else {},
             "dead_letters": resources.event_log.dead_letter_count(),
-            "checkpoint_seq": (status or {}).get("checkpoint_seq"),
+            "checkpoint_seq": seq,
+            "checkpoint_seen_ms": clock.observe(group, seq) if clock is not None else None,
             "last_version": (status or {}).get("last_version"),
             "points": [
                 {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}} for p in points

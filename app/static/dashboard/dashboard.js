@@ -77,7 +77,7 @@
       ["state", state, "kpi-trainer-state"], ["events/s", num(l.events_per_s, 1)], ["consumer lag", int(l.lag)],
       ["batch ms (mean / p95)", `${num(l.batch_ms_mean, 1)} / ${num(l.batch_ms_p95, 1)}`],
       ["unique keys / batch", int(l.unique_keys)], ["dead letters", int(t.dead_letters)],
-      ["last checkpoint", t.checkpoint_seq ? "#" + t.checkpoint_seq : "–"], ["events trained", int(l.events_total)],
+      ["last checkpoint", t.checkpoint_seq ? "#" + t.checkpoint_seq + (t.checkpoint_seen_ms ? ` · ${Math.round((Date.now() - t.checkpoint_seen_ms) / 1000)} s ago` : "") : "–"], ["events trained", int(l.events_total)],
       ["AUC", num(l.auc)], ["popularity AUC", num(l.baseline_auc)],
       ["log loss", num(l.logloss)], ["popularity log loss", num(l.baseline_logloss)],
       ["last export", t.last_version || "–"],
@@ -113,9 +113,14 @@
       const l = r.latest || {};
       const stop = role === "admin" && ["running", "paused", "starting"].includes(r.state)
         ? `<button class="small ghost" data-retrain-stop="${esc(r.id)}">Stop</button>` : "";
-      return `<tr data-retrain="${esc(r.id)}"><td>${esc(r.id)}</td><td>${esc(r.state)}</td><td>${when(r.from_ts_ms)}</td><td>${int(l.events_total)}</td><td>${int(l.lag)}</td><td>${num(l.auc)}</td><td>${num(l.logloss)}</td><td>${esc(r.last_version || "–")}</td><td>${stop}</td></tr>`;
+      return `<tr data-retrain="${esc(r.id)}"><td>${esc(r.id)}</td><td>${esc(r.state)}</td><td>${r.from_ts_ms === 0 ? "log start" : when(r.from_ts_ms)}</td><td>${int(l.events_total)}</td><td>${int(l.lag)}</td><td>${num(l.auc)}</td><td>${num(l.logloss)}</td><td>${esc(r.last_version || "–")}</td><td>${stop}</td></tr>`;
     });
     table($("retrain-table"), ["family", "state", "from", "events", "lag", "AUC", "log loss", "last export", ""], rows);
+  }
+
+  function topReason(counts) {
+    const top = Object.entries(counts || {}).filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1])[0];
+    return top ? ` (mostly ${top[0]})` : "";
   }
 
   function renderServing(s) {
@@ -126,7 +131,7 @@
     $("provider").textContent = "provider: " + (s.provider || "–");
     kpis($("serving-kpis"), [
       ["requests/s", num(l.requests_per_s, 1)], ["events/s received", num(l.events_per_s, 1)],
-      ["fallback rate", pct(l.fallback_rate)], ["degraded rate", pct(l.degraded_rate)],
+      [`fallback rate${topReason(l.fallbacks)}`, pct(l.fallback_rate)], ["degraded rate", pct(l.degraded_rate)],
       ["execution provider", (s.provider || "–").replace("ExecutionProvider", ""), "kpi-provider"],
       ["active model", s.version || "none", "kpi-served-version"],
     ]);
@@ -147,9 +152,10 @@
         + (v.rollback_target ? '<span class="tag rollback">previous</span>' : "");
       const promote = role === "admin" && !v.active ? `<button class="small" data-promote="${esc(v.version)}">Promote</button>` : "";
       const mt = v.metrics || {};
-      return `<tr data-version="${esc(v.version)}" data-active="${v.active}"><td>${esc(v.version)}</td><td>${esc(v.family)}</td><td>${when(v.created_at_ms)}</td><td>${int(v.events_total)}</td><td>${num(mt.auc)}</td><td>${num(mt.logloss)}</td><td>${num(mt.baseline_auc)}</td><td>${tags}</td><td>${promote}</td></tr>`;
+      const pos = Object.entries(v.positions || {}).map(([p, o]) => `p${p}@${o}`).join(" ");
+      return `<tr data-version="${esc(v.version)}" data-active="${v.active}"><td>${esc(v.version)}</td><td>${esc(v.family)}</td><td>${when(v.created_at_ms)}</td><td>${int(v.events_total)}</td><td class="hint">${esc(pos || "–")}</td><td>${num(mt.auc)}</td><td>${num(mt.logloss)}</td><td>${num(mt.baseline_auc)}</td><td>${tags}</td><td>${promote}</td></tr>`;
     });
-    table($("versions-table"), ["version", "family", "created", "events trained", "AUC", "log loss", "baseline AUC", "", ""], rows);
+    table($("versions-table"), ["version", "family", "created", "events trained", "log position", "AUC", "log loss", "baseline AUC", "", ""], rows);
     $("btn-rollback").disabled = !(m.previous && m.previous.length);
   }
 

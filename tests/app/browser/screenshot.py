@@ -5,7 +5,8 @@
 Runs what ``vidrec up --demo`` runs (embedded trainer, demo traffic) on a
 free port in a temporary data directory, exports every 15 s so the versions
 table has rows, does one rollback and one pause/resume through the page's
-API so the audit log has entries, looks up a user, and screenshots the page
+API so the audit log has entries, starts a retrain from the log's beginning,
+looks up a user, and screenshots the page
 in headless Chromium.
 """
 
@@ -53,7 +54,9 @@ def main() -> None:
         page.click("#login-submit")
         started = time.monotonic()
         with httpx.Client(base_url=url, headers=ADMIN, timeout=60) as client:
-            time.sleep(args.seconds * 0.6)
+            time.sleep(args.seconds * 0.3)
+            client.post("/dashboard/api/actions/retrain", json={"from_ts_ms": 0})
+            time.sleep(args.seconds * 0.3)
             client.post("/dashboard/api/actions/pause", json={})
             client.post("/dashboard/api/actions/resume", json={})
             client.post("/dashboard/api/actions/export", json={})
