@@ -83,8 +83,11 @@ class OnlineTrainer:
         *,
         registry: CollectorRegistry | None = None,
         series: MetricsSeries | None = None,
+        on_scored: Callable[[list[Sample], np.ndarray], None] | None = None,
     ) -> None:
         settings = resources.settings
+        self.on_scored = on_scored
+        """Called with each trained step's samples and their pre-update scores (evaluation)."""
         cfg = settings.trainer
         self.resources = resources
         self.cfg = cfg
@@ -263,6 +266,8 @@ class OnlineTrainer:
                 rows.labels.astype(np.float64),
                 rows.weights.astype(np.float64),
             )
+            if self.on_scored is not None:
+                self.on_scored(samples, result.scores)
             return result.unique_keys
 
         return self._retry(attempt)
