@@ -23,7 +23,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import redis
@@ -95,7 +95,10 @@ class Recommender:
         metrics: Metrics,
         settings: ApiSettings,
         max_id_length: int,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
+        """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
         self.activity = activity
         self.reads = reads
         self.retriever = retriever
@@ -148,7 +151,7 @@ class Recommender:
         self, request: RecommendRequest, count: int, model: LoadedModel | None
     ) -> RecommendResponse:
         t0 = time.perf_counter()
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.clock() * 1000)
         history = self.activity.history(request.user_id)
         known = bool(history)
         if request.candidates is not None:
