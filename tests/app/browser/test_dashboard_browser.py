@@ -118,3 +118,21 @@ def test_cancelled_confirmation_does_nothing(page: Any, live_url: str) -> None:
     page.wait_for_timeout(700)
     assert page.locator("#audit-table tbody tr").count() == before
     assert page.locator("#trainer-state").get_attribute("data-state") != "paused"
+
+
+def test_viewer_key_sees_but_cannot_act(page: Any, live_url: str) -> None:
+    from tests.app.test_dashboard import VIEWER_KEY
+
+    login(page, live_url, key=VIEWER_KEY, name="vic")
+    page.wait_for_selector("#main:not([hidden])")
+    assert "viewer" in (page.text_content("#who") or "")
+    page.wait_for_selector("#versions-table thead")
+    for button in ("#btn-export", "#btn-pause", "#btn-rollback", "#btn-retrain"):
+        assert page.locator(button).is_hidden()
+    assert page.locator("[data-promote]").count() == 0
+    refused = page.evaluate(
+        """async () => (await fetch('/dashboard/api/actions/pause', {method: 'POST',
+            headers: {'X-API-Key': sessionStorage.getItem('vidrec.dashboard.key'),
+                      'Content-Type': 'application/json'}, body: '{}'})).status"""
+    )
+    assert refused == 403
