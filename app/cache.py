@@ -72,7 +72,7 @@ class RowCache:
     pass, not 3,000 small array copies.
     """
 
-    def __init__(self, table: SparseTable, ttl_s: float, capacity: int = 65_536) -> None:
+    def __init__(self, table: SparseTable, ttl_s: float, capacity: int = 262_144) -> None:
         self.table = table
         self.ttl_s = ttl_s
         self.capacity = capacity

@@ -6,8 +6,9 @@ Runs the service with the embedded trainer (as ``vidrec up`` does) under
 uvicorn in this process; ``memory`` uses the embedded event log and tables,
 ``redis-kafka`` a private redis-server and Tansu broker. Each trial posts,
 over HTTP, a ``finish`` event of a never-seen user (a labelled positive), and
-times from the API's 200 until the user's embedding row, pulled exactly as
-serving pulls it (``train=False``), is no longer zero. A second clock times
+times from the API's 200 until the user's embedding row, read exactly as
+serving reads it (``Service.reads``: weights only, through the short-TTL
+row cache of the Redis deployment), is no longer zero. A second clock times
 the same event into the candidate signals (the user's two videos appearing
 as each other's co-visitation partners). Goal: p95 <= 2 s.
 
@@ -92,7 +93,7 @@ def main() -> int:
     signals_s: list[float] = []
     try:
         service = app.state.service
-        user_table = service.resources.tables["user"]
+        reads = service.reads  # what serving reads: through its short-TTL cache if any
         now = int(time.time() * 1000)
         videos = [
             {
@@ -121,9 +122,8 @@ def main() -> int:
             ]
             http.post("/v1/events", json={"events": warm}, headers=KEY)
             deadline = time.monotonic() + 120
-            while not user_table.pull(
-                np.array([feature_key("user", "warm") or 1], np.uint64)
-            ).any():
+            warm_key = np.array([feature_key("user", "warm") or 1], np.uint64)
+            while not reads.pull("user", warm_key).any():
                 if time.monotonic() > deadline:
                     raise TimeoutError("the trainer never trained the warm-up event")
                 time.sleep(0.05)
@@ -149,7 +149,7 @@ def main() -> int:
                 key = np.array([feature_key("user", user) or 1], dtype=np.uint64)
                 row_at = signal_at = None
                 while row_at is None or signal_at is None:
-                    if row_at is None and user_table.pull(key).any():
+                    if row_at is None and reads.pull("user", key).any():
                         row_at = time.perf_counter()
                     if signal_at is None and b in dict(service.signals.covisited([a], 10)):
                         signal_at = time.perf_counter()
@@ -171,6 +171,7 @@ def main() -> int:
         "event_to_served_row": pct(rows_s),
         "event_to_candidate_signals": pct(signals_s),
         "trainer_batch_max_wait_ms": settings.trainer.max_wait_ms,
+        "hot_row_cache_ttl_ms": reads.enabled and settings.api.hot_row_cache_ttl_ms,
         "trainer_events_total": trainer_status.get("events_total"),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }

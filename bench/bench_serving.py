@@ -281,6 +281,7 @@ def main() -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="vidrec-bench-"))
     settings = bench_settings(data_dir, args.backend, redis_server.url if redis_server else None)
     requests = make_requests(DISTINCT_REQUESTS, args.candidates)
+    load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     version = prepare(settings, requests)
     print(f"prepared {data_dir} in {time.perf_counter() - t0:.1f} s; model {version}")
@@ -320,6 +321,7 @@ def main() -> int:
         "backend": args.backend,
         "candidates": args.candidates,
         "cpus": os.cpu_count(),
+        "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(),
         "machine": platform.machine(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
