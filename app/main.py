@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from app import dashboard
 from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
-from app.metrics import Metrics
+from app.metrics import Metrics, RequestTimer
 from app.service import Service, open_service
 from feature_store.errors import InvalidInput, VidrecError
 from feature_store.runtime import Resources, open_resources
@@ -106,4 +106,5 @@ def create_app(
         app.include_router(router)
     app.include_router(dashboard.router)  # its lifespan runs inside the app's
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(RequestTimer, metrics=metrics)  # outermost: times the whole request
     return app

@@ -7,6 +7,8 @@ collectors), so tests can build many apps in one process. Exposed at
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -14,6 +16,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 LATENCY_BUCKETS = (
     0.0005,
@@ -99,3 +102,26 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """ASGI middleware observing ``vidrec_request_seconds`` per route family.
+
+    The label is the path's first two segments (``/v1/recommend``,
+    ``/v1/videos``, ``/healthz``), so ids in paths never become labels.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.histogram = metrics.request_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = "/".join(scope["path"].split("/")[:3]) or "/"
+            self.histogram.labels(route).observe(time.perf_counter() - started)

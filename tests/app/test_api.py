@@ -309,3 +309,28 @@ def test_posted_events_reach_trending_and_covisit_within_two_seconds(client: Tes
     assert time.monotonic() - started < 2
     assert service.feed is not None
     wait_for(lambda: service.feed.recorded >= 2, timeout_s=2)
+
+
+def test_restart_keeps_catalog_signals_and_model(tmp_path: Any) -> None:
+    from app.main import create_app
+    from tests.app.conftest import make_settings
+
+    settings = make_settings(tmp_path / "data")
+    with TestClient(create_app(settings)) as first:
+        put_videos(first, [video_json(video_id=f"keep{i}") for i in range(3)])
+        version = with_model(first)
+        now = int(time.time() * 1000)
+        service_of(first).signals.record([make_event(video_id="keep1", ts=now)])
+        service_of(first).resources.activity.record(
+            [make_event(user_id="back", video_id="keep0", ts=now)]
+        )
+    with TestClient(create_app(settings)) as second:
+        assert second.get("/readyz").status_code == 200  # model loaded and warmed at start
+        body = second.post("/v1/recommend", json={"user_id": "back"}).json()
+        assert body["model_version"] == version and body["fallback"] is False
+        sources = {i["video_id"]: i["source"] for i in body["items"]}
+        assert "keep0" not in sources  # the history survived: still seen
+        assert sources["keep1"] == "trending"  # the signals survived
+        assert 'vidrec_request_seconds_count{route="/v1/recommend"} 1.0' in second.get(
+            "/metrics"
+        ).text
