@@ -25,6 +25,23 @@ def sparse_prefix(model: str, table: str, kind: str) -> bytes:
     return f"{REDIS_ROOT}:sp:{model}:{table}:{kind}:".encode()
 
 
+SPARSE_CLUSTER_BUCKETS = 64
+"""Hash-tag buckets per table on Redis Cluster (part of the cluster layout: changing
+it moves every row to another key, so it is a constant, not a setting)."""
+
+
+def sparse_cluster_prefix(model: str, table: str, bucket: int, kind: str) -> bytes:
+    """Redis Cluster key prefix of one table's rows of one ``kind`` in one bucket.
+
+    ``{root}:sp:{{model:table:bucket}}:{kind}:`` + 8 key bytes, where bucket =
+    key mod ``SPARSE_CLUSTER_BUCKETS``: the hash tag puts a bucket's weights,
+    state and counters in one slot, so one ``MGET`` or ``MULTI``/``EXEC`` covers
+    them (see :mod:`feature_store.sparse.cluster`). A single Redis keeps the
+    untagged layout of :func:`sparse_prefix`.
+    """
+    return f"{REDIS_ROOT}:sp:{{{model}:{table}:{bucket}}}:{kind}:".encode()
+
+
 CATALOG_VIDEO = f"{REDIS_ROOT}:cat:video:"
 """JSON of one video: ``{CATALOG_VIDEO}{video_id}``."""
 CATALOG_IDS = f"{REDIS_ROOT}:cat:ids"

@@ -120,3 +120,91 @@ class TansuBroker(_Service):
             stderr=subprocess.DEVNULL,
         )
         wait_for_port(self.port, 20, self.process)
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10,000) is free and valid too."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10_000 > 65_535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10_000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+class RedisCluster(_Service):
+    """A private Redis Cluster of ``nodes`` primaries (no replicas) on free ports.
+
+    Each node is a ``redis-server --cluster-enabled yes`` with its own
+    directory (the cluster writes ``nodes.conf`` there); ``redis-cli --cluster
+    create`` splits the 16,384 slots among them. ``url`` names the first node,
+    a seed from which cluster clients discover the rest.
+    """
+
+    def __init__(self, nodes: int = 3) -> None:
+        self.servers = [
+            RedisServer(
+                port=_free_cluster_port(),
+                extra_args=(
+                    "--cluster-enabled", "yes",
+                    "--cluster-node-timeout", "2000",
+                    "--cluster-config-file", "nodes.conf",
+                )
+            )
+            for _ in range(nodes)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    @property
+    def ports(self) -> list[int]:
+        return [server.port for server in self.servers]
+
+    def start(self) -> None:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (it comes with redis-server)")
+        try:
+            for server in self.servers:
+                server.start()
+            subprocess.run(
+                [
+                    cli, "--cluster", "create",
+                    *(f"127.0.0.1:{port}" for port in self.ports),
+                    "--cluster-replicas", "0", "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+            self._wait_ok(cli, 20)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ok(self, cli: str, timeout_s: float) -> None:
+        """Until every node says ``cluster_state:ok`` (slots assigned and gossiped)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            states = [
+                subprocess.run(
+                    [cli, "-p", str(port), "cluster", "info"],
+                    capture_output=True, text=True, timeout=5,
+                ).stdout
+                for port in self.ports
+            ]
+            if all("cluster_state:ok" in state for state in states):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"the Redis Cluster on {self.ports} did not become ready")
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()

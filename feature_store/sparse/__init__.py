@@ -8,7 +8,8 @@ from feature_store.sparse.base import (
     TableSpec,
     TableStats,
 )
-from feature_store.sparse.factory import SparseTables, connect_redis, open_table
+from feature_store.sparse.cluster import ClusterSparseTable
+from feature_store.sparse.factory import SparseTables, connect_cluster, connect_redis, open_table
 from feature_store.sparse.initializers import Initializer, uniform_rows
 from feature_store.sparse.memory import MemorySparseTable
 from feature_store.sparse.optimizers import Adagrad, Adam, Ftrl, SparseOptimizer, make_optimizer
@@ -18,6 +19,7 @@ from feature_store.sparse.snapshot import SnapshotData, read_snapshot, write_sna
 __all__ = [
     "Adagrad",
     "Adam",
+    "ClusterSparseTable",
     "Ftrl",
     "Initializer",
     "Keys",
@@ -31,6 +33,7 @@ __all__ = [
     "SparseTables",
     "TableSpec",
     "TableStats",
+    "connect_cluster",
     "connect_redis",
     "make_optimizer",
     "open_table",

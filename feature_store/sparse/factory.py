@@ -13,11 +13,13 @@ from types import TracebackType
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from feature_store.errors import ConfigurationError
+from feature_store.errors import ConfigurationError, SparseTableUnavailable
 from feature_store.settings import RedisSettings, Settings
 from feature_store.sparse.base import SparseTable, TableSpec
+from feature_store.sparse.cluster import ClusterSparseTable
 from feature_store.sparse.memory import MemorySparseTable
 from feature_store.sparse.redis import RedisSparseTable
 
@@ -31,11 +33,14 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
     stalls a batch for seconds); pulls and pushes themselves are never
     retried by the client, since replaying a push would apply its gradients
     twice; the trainer decides what to do with a failed batch.
+
+    With ``settings.cluster`` the URL is a seed node and the client is a
+    :class:`redis.cluster.RedisCluster` (it discovers the other nodes and
+    the slot map on creation, so an unreachable seed fails here); the
+    sparse tables then use :class:`~feature_store.sparse.cluster.ClusterSparseTable`.
     """
     if settings.cluster:
-        raise ConfigurationError(
-            "redis.cluster: the sparse tables need a single Redis (a batch's keys span slots)"
-        )
+        return connect_cluster(settings)  # type: ignore[return-value]
     return redis.Redis.from_url(
         settings.url,
         socket_timeout=settings.socket_timeout_s,
@@ -44,6 +49,20 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
         decode_responses=False,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
     )
+
+
+def connect_cluster(settings: RedisSettings) -> RedisCluster:
+    """A :class:`RedisCluster` client from a seed node's URL (binary replies)."""
+    try:
+        return RedisCluster.from_url(
+            settings.url,
+            socket_timeout=settings.socket_timeout_s,
+            socket_connect_timeout=settings.socket_timeout_s,
+            max_connections=settings.max_connections,
+            decode_responses=False,
+        )
+    except (redis.RedisError, OSError) as exc:
+        raise SparseTableUnavailable(f"Redis Cluster at {settings.url}: {exc}") from exc
 
 
 def open_table(
@@ -59,6 +78,14 @@ def open_table(
     if settings.sparse.backend == "redis":
         owns = redis_client is None
         client = connect_redis(settings.redis) if redis_client is None else redis_client
+        if isinstance(client, RedisCluster):
+            return ClusterSparseTable(
+                spec,
+                settings.sparse,
+                client,
+                chunk=settings.redis.batch_chunk,
+                owns_client=owns,
+            )
         return RedisSparseTable(
             spec,
             settings.sparse,

@@ -265,23 +265,7 @@ class RedisSparseTable:
     def _decode(
         self, values: list[object], width_bytes: int, kind: _Kind
     ) -> tuple[Rows, np.ndarray]:
-        """Rows ``(n, width)`` from an MGET reply (zeros where missing) and the present mask."""
-        n = len(values)
-        width = width_bytes // 4
-        present = np.fromiter(map(bool, values), dtype=bool, count=n)
-        joined = b"".join(filter(None, values))  # type: ignore[arg-type]
-        count = int(present.sum())
-        if len(joined) != count * width_bytes:
-            raise SparseTableUnavailable(
-                f"sparse table {self.spec.name!r}: a value under {kind.prefix!r} is not "
-                f"{width_bytes} bytes (another writer with another dim or optimizer?)"
-            )
-        found = np.frombuffer(joined, dtype="<f4").reshape(count, width)
-        if count == n:
-            return found.astype(np.float32), present
-        rows = np.zeros((n, width), dtype=np.float32)
-        rows[present] = found
-        return rows, present
+        return decode_rows(values, width_bytes, f"sparse table {self.spec.name!r}", kind)
 
     def _chunks(self, n: int) -> Iterator[slice]:
         for start in range(0, n, self._chunk):
@@ -523,3 +507,29 @@ def _split8(kb: np.ndarray) -> list[bytes]:
 def _split_rows(rows: Rows) -> list[bytes]:
     raw = _row_bytes(rows)
     return [row.tobytes() for row in raw]
+
+
+def decode_rows(
+    values: list[object], width_bytes: int, what: str, kind: _Kind
+) -> tuple[Rows, np.ndarray]:
+    """Rows ``(n, width)`` from an MGET reply (zeros where missing) and the present mask.
+
+    A value of the wrong length (another writer with another dim or
+    optimizer) raises ``SparseTableUnavailable`` rather than being misread.
+    """
+    n = len(values)
+    width = width_bytes // 4
+    present = np.fromiter(map(bool, values), dtype=bool, count=n)
+    joined = b"".join(filter(None, values))  # type: ignore[arg-type]
+    count = int(present.sum())
+    if len(joined) != count * width_bytes:
+        raise SparseTableUnavailable(
+            f"{what}: a value under {kind.prefix!r} is not "
+            f"{width_bytes} bytes (another writer with another dim or optimizer?)"
+        )
+    found = np.frombuffer(joined, dtype="<f4").reshape(count, width)
+    if count == n:
+        return found.astype(np.float32), present
+    rows = np.zeros((n, width), dtype=np.float32)
+    rows[present] = found
+    return rows, present

@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from feature_store.errors import InvalidInput
 from feature_store.settings import SparseSettings
 from feature_store.sparse import (
+    ClusterSparseTable,
     MemorySparseTable,
     RedisSparseTable,
     SparseTable,
@@ -43,14 +45,18 @@ class Backend:
         self.name = name
         self.redis_url = redis_url
         self.clock = FakeClock()
-        self._clients: list[redis.Redis] = []
-        self.client = self.new_client() if name == "redis" else None
+        self._clients: list[redis.Redis | RedisCluster] = []
+        self.client = self.new_client() if name != "memory" else None
 
     def new_client(self) -> redis.Redis:
         assert self.redis_url is not None
-        client = redis.Redis.from_url(self.redis_url)
+        client = (
+            RedisCluster.from_url(self.redis_url)
+            if self.name == "redis-cluster"
+            else redis.Redis.from_url(self.redis_url)
+        )
         self._clients.append(client)
-        return client
+        return client  # type: ignore[return-value]
 
     def table(
         self,
@@ -64,6 +70,8 @@ class Backend:
         settings = SparseSettings(model_name=model, **sparse)  # type: ignore[arg-type]
         if self.name == "memory":
             return MemorySparseTable(spec, settings, clock=self.clock)
+        if self.name == "redis-cluster":
+            return ClusterSparseTable(spec, settings, client or self.client, chunk=chunk)  # type: ignore[arg-type]
         return RedisSparseTable(spec, settings, client or self.client, chunk=chunk)  # type: ignore[arg-type]
 
     def advance(self, seconds: float) -> None:
@@ -77,9 +85,19 @@ class Backend:
             client.close()
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    url = None
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif request.param == "redis-cluster":  # 3 primaries: a batch's keys span nodes
+        url = request.getfixturevalue("redis_cluster_url")
     env = Backend(request.param, url)
     yield env
     env.close()
@@ -464,6 +482,14 @@ def test_concurrent_pushes_never_corrupt_a_row(backend: Backend) -> None:
         names = [int(k).to_bytes(8, "big") for k in keys]
         assert {len(v) for v in client.mget([w_prefix + n for n in names])} == {16 * 4}
         assert {len(v) for v in client.mget([s_prefix + n for n in names])} == {16 * 4}
+    if backend.name == "redis-cluster":  # one key at a time: the names span slots
+        client = backend.client
+        assert client is not None
+        w_kinds, s_kinds = writers[0]._w, writers[0]._s  # type: ignore[attr-defined]
+        for k in keys.tolist():
+            name = int(k).to_bytes(8, "big")
+            assert len(client.get(w_kinds[k % len(w_kinds)].prefix + name)) == 16 * 4
+            assert len(client.get(s_kinds[k % len(s_kinds)].prefix + name)) == 16 * 4
 
 
 def test_pulls_while_pushing(backend: Backend) -> None:
