@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from feature_store.activity import rules
 from feature_store.activity.base import HistoryEntry, VideoStats
@@ -59,6 +60,15 @@ if tonumber(ARGV[1]) > last then
 end
 """
 """KEYS[1]: the stats hash; ARGV: last_ts, then counter/amount pairs."""
+
+_SET_HISTORY = """
+redis.call('DEL', KEYS[1])
+if #ARGV > 1 then
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+  if tonumber(ARGV[1]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+end
+"""
+"""Redis Cluster only. KEYS[1]: a history; ARGV: TTL in s (0: none), then the entries."""
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -138,6 +148,9 @@ class RedisActivity:
             if new != old[user_id]:
                 changed[user_id] = new
         deltas = rules.stats_deltas(ordered)
+        if isinstance(self.client, RedisCluster):
+            self._record_on_cluster(changed, deltas)
+            return
         with store_errors("activity record"):
             pipe = self.client.pipeline(transaction=True)
             for user_id, history in changed.items():
@@ -147,6 +160,33 @@ class RedisActivity:
                 for name, amount in delta.increments.items():
                     args += [name, amount]
                 self._add_stats(keys=[VIDEO_STATS + video_id], args=args, client=pipe)
+            pipe.execute()
+
+    def _record_on_cluster(
+        self, changed: dict[str, list[HistoryEntry]], deltas: dict[str, Any]
+    ) -> None:
+        """Redis Cluster: the same writes, each key's atomic on its own.
+
+        A cluster refuses a ``MULTI``/``EXEC`` over keys of several slots, and
+        redis-py's cluster pipeline refuses ``EVALSHA``; so each history is
+        rewritten by one ``EVAL`` of a script (a reader still sees the old list
+        or the new one) and each video's counters by another, pipelined per
+        node by the cluster client. What is lost is the batch-wide
+        transaction: a reader may see some of a batch's users updated and
+        others not yet, for the length of one round trip.
+        """
+        ttl = self.history_ttl_s or 0
+        with store_errors("activity record"):
+            pipe = self.client.pipeline(transaction=False)
+            for user_id, history in changed.items():
+                pipe.execute_command(
+                    "EVAL", _SET_HISTORY, 1, HISTORY + user_id, ttl, *_encode(history)
+                )
+            for video_id, delta in deltas.items():
+                args: list[int | str] = [delta.last_ts]
+                for name, amount in delta.increments.items():
+                    args += [name, amount]
+                pipe.execute_command("EVAL", _ADD_STATS, 1, VIDEO_STATS + video_id, *args)
             pipe.execute()
 
     def _queue_history(self, pipe: Any, user_id: str, history: Sequence[HistoryEntry]) -> None:

@@ -12,8 +12,15 @@ Layout (prefixes from :mod:`feature_store.constants`):
 
 Every write of one video changes its JSON and its set membership in one
 ``MULTI``/``EXEC``, so a reader never sees a video in ``recent`` that its JSON
-calls hidden, or the reverse. Keys are not hash-tagged: this backend assumes
-a single Redis (or a proxy), not Redis Cluster.
+calls hidden, or the reverse.
+
+On Redis Cluster (a :class:`~redis.cluster.RedisCluster` client) keys are not
+hash-tagged, so they spread over the slots; multi-key commands and
+transactions across slots are refused there, and this backend falls back to
+per-key ``GET`` commands and ordered, non-transactional writes (JSON first, then
+the sets): a reader may briefly see a video's old set membership, and
+``set_hidden`` is last-writer-wins instead of ``WATCH``-guarded. ``restore``
+is not supported on a cluster (its bulk ``DEL`` spans slots).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from feature_store.catalog.base import Video
 from feature_store.catalog.memory import read_snapshot, write_snapshot
@@ -73,6 +81,10 @@ class RedisCatalog:
     def __init__(self, client: redis.Redis, chunk: int = 8192) -> None:
         self.client = client
         self.chunk = chunk
+        self._atomic = not isinstance(client, RedisCluster)
+        """False on Redis Cluster: a video's JSON and its set membership live in
+        different slots, so they are written in order (JSON first) but not in
+        one transaction; a reader may briefly see a stale membership."""
 
     def __enter__(self) -> RedisCatalog:
         return self
@@ -91,7 +103,7 @@ class RedisCatalog:
         """Insert or replace videos: one pipelined transaction per ``chunk`` videos."""
         with store_errors("catalog upsert"):
             for part in _chunks(videos, self.chunk):
-                pipe = self.client.pipeline(transaction=True)
+                pipe = self.client.pipeline(transaction=self._atomic)
                 for video in part:
                     _queue_write(pipe, video)
                 pipe.execute()
@@ -115,8 +127,15 @@ class RedisCatalog:
             result[:] = [video]
 
         with store_errors("catalog set_hidden"):
-            self.client.transaction(change, key)
-        return result[0]
+            if self._atomic:
+                self.client.transaction(change, key)
+                return result[0]
+            raw = self.client.get(key)  # Redis Cluster: no WATCH across slots; last writer wins
+            if raw is None:
+                raise NotFound(f"video {video_id!r} is not in the catalog")
+            video = Video.model_validate_json(raw).model_copy(update={"hidden": hidden})
+            self.upsert([video])
+        return video
 
     # --- reads -------------------------------------------------------------
 
@@ -131,9 +150,15 @@ class RedisCatalog:
             return []
         with store_errors("catalog get_many"):
             pipe = self.client.pipeline(transaction=False)
-            for part in _chunks(video_ids, self.chunk):
-                pipe.mget([CATALOG_VIDEO + video_id for video_id in part])
+            if self._atomic:
+                for part in _chunks(video_ids, self.chunk):
+                    pipe.mget([CATALOG_VIDEO + video_id for video_id in part])
+            else:  # Redis Cluster: MGET needs one slot; GETs, pipelined per node
+                for video_id in video_ids:
+                    pipe.get(CATALOG_VIDEO + video_id)
             replies = pipe.execute()
+            if not self._atomic:
+                replies = [replies]
         return [
             None if raw is None else Video.model_validate_json(raw)
             for reply in replies
@@ -157,7 +182,7 @@ class RedisCatalog:
     def count(self) -> int:
         """Every video, hidden ones included."""
         with store_errors("catalog count"):
-            pipe = self.client.pipeline(transaction=True)
+            pipe = self.client.pipeline(transaction=self._atomic)
             pipe.zcard(CATALOG_IDS)
             pipe.zcard(CATALOG_HIDDEN)
             visible, hidden = pipe.execute()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
@@ -91,6 +92,8 @@ class RedisSignals:
             return landmark
         shift = int(exponent)
         new_landmark = landmark + int(shift * half_life_ms)
+        if isinstance(self.client, RedisCluster):
+            return self._rescale_on_cluster(landmark, new_landmark, shift)
         with self.client.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(TRENDING_LANDMARK)
@@ -103,6 +106,20 @@ class RedisSignals:
                 pipe.execute()
             except redis.WatchError:
                 return int(self.client.get(TRENDING_LANDMARK) or landmark)
+        return new_landmark
+
+    def _rescale_on_cluster(self, landmark: int, new_landmark: int, shift: int) -> int:
+        """Redis Cluster: the scores and the landmark live in two slots, so no
+        ``WATCH``/``MULTI``; whoever moves the landmark first (``SET`` with
+        compare by ``GETSET``) rescales. Two trainers racing within one batch
+        may both see the old landmark; the second then finds it moved and
+        skips. Between the two writes a reader sees rescaled scores under the
+        old landmark for one round trip (trending's order is unaffected)."""
+        previous = self.client.getset(TRENDING_LANDMARK, new_landmark)
+        if previous is not None and int(previous) != landmark:
+            self.client.set(TRENDING_LANDMARK, previous)  # someone else moved it: put it back
+            return int(previous)
+        self.client.zunionstore(TRENDING, {TRENDING: 2.0**-shift})
         return new_landmark
 
     def index_videos(self, videos: Sequence[Video]) -> None:

@@ -14,6 +14,7 @@ from types import TracebackType
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from feature_store.errors import ConfigurationError, SparseTableUnavailable
@@ -61,7 +62,7 @@ def connect_cluster(settings: RedisSettings) -> RedisCluster:
             max_connections=settings.max_connections,
             decode_responses=False,
         )
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
         raise SparseTableUnavailable(f"Redis Cluster at {settings.url}: {exc}") from exc
 
 

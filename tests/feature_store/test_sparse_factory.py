@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import redis
 
-from feature_store.errors import ConfigurationError
+from feature_store.errors import ConfigurationError, SparseTableUnavailable
 from feature_store.settings import RedisSettings, load_settings
 from feature_store.sparse import (
+    ClusterSparseTable,
     MemorySparseTable,
     RedisSparseTable,
     SparseTable,
@@ -87,9 +88,24 @@ def test_borrowed_client_is_left_open(redis_url: str) -> None:
     client.close()
 
 
-def test_cluster_and_duplicate_names_are_refused() -> None:
-    with pytest.raises(ConfigurationError, match="cluster"):
-        connect_redis(RedisSettings(cluster=True))
+@pytest.mark.redis
+def test_cluster_settings_open_cluster_tables(redis_cluster_url: str) -> None:
+    settings = load_settings(
+        sparse={"backend": "redis"}, redis={"url": redis_cluster_url, "cluster": True}
+    )
+    with SparseTables.open(SPECS, settings) as tables:
+        assert all(isinstance(t, ClusterSparseTable) for t in tables.values())
+        keys = np.arange(1, 500, dtype=np.uint64)
+        tables["video"].pull(keys, train=True)
+        assert tables["video"].stats().rows == len(keys)
+
+
+def test_an_unreachable_cluster_fails_clearly() -> None:
+    with pytest.raises(SparseTableUnavailable, match="Redis Cluster"):
+        connect_redis(RedisSettings(url="redis://127.0.0.1:1/0", cluster=True))
+
+
+def test_duplicate_names_are_refused() -> None:
     settings = load_settings()
     with pytest.raises(ConfigurationError, match="two sparse tables"):
         SparseTables.open([SPECS[0], SPECS[0]], settings)
