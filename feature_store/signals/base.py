@@ -5,9 +5,13 @@ every serving process, so they live in ``feature_store`` with a ``memory``
 backend (embedded, snapshotted to the data directory) and a ``redis`` one
 beside this file.
 
-**Who updates them**: the process that consumes the event log, i.e. the
-trainer, calls :meth:`CandidateSignals.record` after each batch it applies
-(embedded mode: the same process as the API). The service calls
+**Who updates them**: the signal feed (``app.signal_feed``), a consumer
+group (``{namespace}-signals``) run inside each service process, reads the
+event log and calls :meth:`CandidateSignals.record` with the users'
+histories; the group splits partitions among serving processes, so each
+event is recorded once. The trainer does *not* record them (it would count
+every event twice); a deployment that prefers it to sets
+``api.signal_feed = false``. The service calls
 :meth:`CandidateSignals.index_videos` on catalog writes. Readers never write.
 
 Three signals:

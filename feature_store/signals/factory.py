@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from feature_store.runtime import Resources
 
 SIGNALS_EXTRA = "signals"
-"""Key of the signals in :attr:`Resources.extras` (the trainer looks it up there)."""
+"""Key of the signals in :attr:`Resources.extras` (one instance per process)."""
 
 
 def signal_params(settings: Settings) -> SignalParams:
