@@ -98,6 +98,9 @@ def test_writes_need_a_key_and_admin_needs_the_admin_key(tmp_path: Any) -> None:
         (b'{"user_id": "u1", "context": {"device": 7}}', 422, "context.device"),
         (b'{"user_id": "u1", "filters": {"max_duration_ms": -1}}', 422, "filters.max_duration_ms"),
         (b"[1, 2]", 422, "body"),
+        (b'{"user_id": "u1", "candidates": ["ok", "a\\nb"]}', 422, "candidates.1"),
+        (b'{"user_id": "u1", "candidates": ["ok", ""]}', 422, "candidates.1"),
+        (b'{"user_id": "u1", "candidates": "v1"}', 422, "candidates"),
     ],
 )
 def test_bad_recommend_requests_are_4xx_naming_the_field(
