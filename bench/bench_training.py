@@ -241,12 +241,13 @@ def main() -> None:
     parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
                         help="poll the next batch in a second thread (trainer.prefetch)")
     args = parser.parse_args()
-    print(machine())
+    load_before = os.getloadavg()
     results = run(
         events=args.events, warmup=args.warmup, batch=args.batch,
         backends=tuple(args.backends.split(",")), threads=args.threads, redis_url=args.redis_url,
         prefetch=args.prefetch,
     )
+    print({**machine(), "load_average_before": load_before})
     print(_format(results))
 
 

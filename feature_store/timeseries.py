@@ -175,17 +175,19 @@ class RedisSeries:
 
     def read(self, since_ms: int = 0, limit: int = 1000) -> list[Point]:
         try:
-            entries = self.client.xrange(self.key, min=f"{since_ms + 1}", max="+", count=limit)
+            entries: Any = self.client.xrange(
+                self.key, min=f"{since_ms + 1}", max="+", count=limit
+            )
         except redis.RedisError as exc:
             raise StoreUnavailable(f"metrics read failed: {exc}") from exc
-        return [json.loads(fields[b"p"]) for _, fields in entries]
+        return [_payload(fields) for _, fields in entries]
 
     def latest(self) -> Point | None:
         try:
-            entries = self.client.xrevrange(self.key, count=1)
+            entries: Any = self.client.xrevrange(self.key, count=1)
         except redis.RedisError as exc:
             raise StoreUnavailable(f"metrics read failed: {exc}") from exc
-        return json.loads(entries[0][1][b"p"]) if entries else None
+        return _payload(entries[0][1]) if entries else None
 
     def heartbeat(self, status: Point, ttl_s: float) -> None:
         try:
@@ -202,6 +204,12 @@ class RedisSeries:
 
     def close(self) -> None:
         pass  # the client belongs to whoever opened it
+
+
+def _payload(fields: Any) -> Point:
+    """The point in a stream entry, whether the client decodes responses or not."""
+    data = fields.get(b"p", fields.get("p"))
+    return dict(json.loads(data))
 
 
 def _write_atomic(path: Path, text: str) -> None:
