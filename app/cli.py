@@ -4,6 +4,8 @@
     vidrec serve               the HTTP service alone (production)
     vidrec train               the online trainer alone (production)
     vidrec replay DATASET      write a dataset to the event log in event-time order
+    vidrec eval DATASET        quality: replay through trainer and service, beside baselines
+    vidrec bench all           every benchmark, one table, docs/benchmarks.md rewritten
 
 Settings come from ``VIDREC_*`` environment variables (see
 ``feature_store.settings``); flags override the few that people change by
@@ -77,6 +79,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from app.evaluation.cli import run_eval
+
+    return run_eval(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run ``python -m bench`` from the source checkout (``bench/`` is not installed)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "run_all.py").is_file():
+        raise VidrecError("vidrec bench needs a source checkout (bench/ next to app/)")
+    return subprocess.call([sys.executable, "-m", "bench", *args.bench_args], cwd=root)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidrec", description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", default="INFO")
@@ -105,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--format", default="auto", choices=["auto", "movielens", "csv"])
     replay.add_argument("--limit", type=int, default=None, help="at most this many events")
     replay.set_defaults(func=cmd_replay)
+
+    from app.evaluation.cli import add_eval_arguments
+
+    ev = sub.add_parser("eval", help="quality on a dataset: online model, service, baselines")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=cmd_eval)
+
+    bench = sub.add_parser("bench", help="benchmarks: `vidrec bench all [--quick]`")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="see python -m bench -h")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

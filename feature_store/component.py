@@ -11,8 +11,12 @@ the embedded trainer is asked for.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
 
 from feature_store.errors import ConfigurationError
 
@@ -64,4 +68,90 @@ def load_trainer_factory() -> TrainerFactory:
     raise ConfigurationError(
         f"no {ENTRY_POINT_GROUP}:{TRAINER_ENTRY_POINT} entry point: is vidrec installed "
         "(pip install -e .)?"
+    )
+
+
+# --- evaluation (``vidrec eval``) -----------------------------------------
+
+REPLAY_ENTRY_POINT = "replay"
+OFFLINE_ENTRY_POINT = "offline"
+
+
+@dataclass
+class ScoredSamples:
+    """Training samples with their labels, loss weights and predicted probabilities, aligned."""
+
+    event_ids: list[str]
+    """The event that carries each label (the trainer's ``Sample.event``)."""
+    user_ids: list[str]
+    video_ids: list[str]
+    ts_ms: npt.NDArray[np.int64]
+    labels: npt.NDArray[np.float64]
+    weights: npt.NDArray[np.float64]
+    scores: npt.NDArray[np.float64]
+    """Online: scored before the step that trains on them (prequential)."""
+
+    @classmethod
+    def concat(cls, parts: list[ScoredSamples]) -> ScoredSamples:
+        """One set from several, in order."""
+        return cls(
+            event_ids=[i for p in parts for i in p.event_ids],
+            user_ids=[i for p in parts for i in p.user_ids],
+            video_ids=[i for p in parts for i in p.video_ids],
+            ts_ms=np.concatenate([p.ts_ms for p in parts] or [np.zeros(0, np.int64)]),
+            labels=np.concatenate([p.labels for p in parts] or [np.zeros(0)]),
+            weights=np.concatenate([p.weights for p in parts] or [np.zeros(0)]),
+            scores=np.concatenate([p.scores for p in parts] or [np.zeros(0)]),
+        )
+
+    def take(self, index: list[int]) -> ScoredSamples:
+        """The samples at ``index``, in that order."""
+        idx = np.asarray(index, dtype=np.int64)
+        return ScoredSamples(
+            event_ids=[self.event_ids[i] for i in index],
+            user_ids=[self.user_ids[i] for i in index],
+            video_ids=[self.video_ids[i] for i in index],
+            ts_ms=self.ts_ms[idx], labels=self.labels[idx],
+            weights=self.weights[idx], scores=self.scores[idx],
+        )
+
+
+@runtime_checkable
+class ReplayHandle(Protocol):
+    """The online trainer consuming the event log in the caller's thread (evaluation)."""
+
+    def drain(self) -> ScoredSamples:
+        """Train on every event produced so far; the samples trained, scored before training."""
+        ...
+
+    def export(self) -> str:
+        """Export and activate the current network; returns the version."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class OfflineResult:
+    """An offline-trained Wide&Deep: scores on the test rows and the epochs it ran."""
+
+    test: ScoredSamples
+    """Scores of the epoch with the best validation AUC."""
+    epochs: list[dict[str, float]]
+    """Per epoch: ``epoch``, ``train_loss``, ``valid_auc``, ``seconds``."""
+    best_epoch: int
+
+
+ReplayFactory = Callable[["Resources"], ReplayHandle]
+OfflineTrainer = Callable[..., OfflineResult]
+"""``(resources, events, train_ids, valid_ids, test_ids, *, max_epochs, patience, seed)``."""
+
+
+def load_component(name: str) -> Any:
+    """The object registered as ``vidrec.components:<name>`` (e.g. ``replay``, ``offline``)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    raise ConfigurationError(
+        f"no {ENTRY_POINT_GROUP}:{name} entry point: is vidrec installed (pip install -e .)?"
     )

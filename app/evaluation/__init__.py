@@ -1,0 +1,30 @@
+"""``vidrec eval``: quality of the online trainer and the live service on a replayed dataset.
+
+- :mod:`~app.evaluation.stream`: datasets as events in event-time order, and the split;
+- :mod:`~app.evaluation.metrics`: AUC, logloss, per-window curves, recall/NDCG@k;
+- :mod:`~app.evaluation.baselines`: global and time-decayed popularity;
+- :mod:`~app.evaluation.runner`: the replay through the real trainer and service;
+- :mod:`~app.evaluation.report`: the table, the markdown section and the plot;
+- :mod:`~app.evaluation.cli`: the ``vidrec eval`` arguments.
+
+The trainer is reached through the ``vidrec.components`` entry points
+(``replay``, ``offline``), so this package never imports ``trainer``. The
+re-exports are lazy so that ``vidrec --help`` does not load the service.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.evaluation.runner import EvalConfig, EvalResult, evaluate
+
+__all__ = ["EvalConfig", "EvalResult", "evaluate"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from app.evaluation import runner
+
+        return getattr(runner, name)
+    raise AttributeError(name)

@@ -1,0 +1,121 @@
+"""What ``vidrec eval`` shows: a text table, a markdown section, and the AUC-over-time plot."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+from app.evaluation.runner import EvalResult
+
+_HEADER = (
+    "model",
+    "AUC last 20%",
+    "logloss last 20%",
+    "AUC all",
+    "logloss all",
+    "recall@{k}",
+    "NDCG@{k}",
+)
+
+
+def _fmt(value: float) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.4f}"
+
+
+def rows(result: EvalResult) -> list[list[str]]:
+    return [
+        [m.name, _fmt(m.auc_test), _fmt(m.logloss_test), _fmt(m.auc_all), _fmt(m.logloss_all),
+         _fmt(m.recall), _fmt(m.ndcg)]
+        for m in result.models
+    ]
+
+
+def header(k: int) -> list[str]:
+    return [h.format(k=k) for h in _HEADER]
+
+
+def text_table(result: EvalResult, k: int) -> str:
+    table = [header(k), *rows(result)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([*lines, "", summary(result)])
+
+
+def summary(result: EvalResult) -> str:
+    online = result.models[0]
+    others = result.models[1:]
+    margins = ", ".join(f"{online.auc_test - m.auc_test:+.4f} vs {m.name}" for m in others)
+    fallbacks = ", ".join(f"{k}: {v}" for k, v in sorted(result.service_fallbacks.items()))
+    return (
+        f"{result.events:,} events, {result.samples:,} labelled rows (positive rate "
+        f"{result.positive_rate:.3f}); last 20%: {result.test_rows:,} rows, "
+        f"{100 * result.new_test_users:.0f}% of their users absent from the first 80%.\n"
+        f"Online AUC on the last 20%: {margins}.\n"
+        f"Ranking: {result.queries} held-back positives asked of the service"
+        f"{' (fallbacks: ' + fallbacks + ')' if fallbacks else ''}.\n"
+        f"Offline epochs (valid AUC): "
+        + ", ".join(f"{int(e['epoch'])}: {e['valid_auc']:.4f}" for e in result.offline_epochs)
+        + f"; best {result.offline_best_epoch}.\n"
+        f"Replay {result.online_seconds:.0f} s ({result.events_per_s:,.0f} events/s), "
+        f"total {result.seconds:.0f} s."
+    )
+
+
+def markdown(result: EvalResult, k: int, command: str, plot: str | None) -> str:
+    head = header(k)
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|",
+        *("| " + " | ".join(r) + " |" for r in rows(result)),
+    ]
+    parts = [
+        f"Command: `{command}`",
+        "",
+        *lines,
+        "",
+        summary(result).replace("\n", "\n\n"),
+    ]
+    if plot:
+        parts += ["", f"![AUC over time]({plot})"]
+    return "\n".join(parts)
+
+
+def plot(result: EvalResult, path: Path) -> Path:
+    """AUC per equal-count window of the stream, one line per model (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    ends = [datetime.fromtimestamp(t / 1000, UTC) for t in result.window_ends_ms]
+    times = mdates.date2num(ends)
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    for model in result.models:
+        ax.plot(times, model.window_auc, marker="o", markersize=3, label=model.name)
+    ax.xaxis_date()
+    ax.axvline(mdates.date2num(datetime.fromtimestamp(result.test_start_ms / 1000, UTC)),
+               color="grey",
+               linestyle="--", linewidth=1, label="last 20% starts")
+    ax.set_ylabel("AUC (window)")
+    ax.set_xlabel("event time (shifted), end of window")
+    ax.set_title(f"Prequential AUC over time: {Path(result.dataset).name}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def replace_section(doc: str, title: str, body: str) -> str:
+    """``doc`` with the ``## title`` section's body replaced (appended when absent)."""
+    pattern = re.compile(rf"(^## {re.escape(title)}\n)(.*?)(?=^## |\Z)", re.S | re.M)
+    if pattern.search(doc):
+        return pattern.sub(lambda m: m.group(1) + "\n" + body.rstrip() + "\n\n", doc, count=1)
+    return doc.rstrip() + f"\n\n## {title}\n\n" + body.rstrip() + "\n"

@@ -1,0 +1,283 @@
+"""Every benchmark with fixed seeds and sizes, one table, and the docs sections it owns.
+
+    python -m bench [all] [--quick] [--only sparse,training] [--doc docs/benchmarks.md | --no-doc]
+    vidrec bench all [--quick] ...
+
+Runs, one after the other, each in its own child process with a 5-minute
+limit (a benchmark that overruns is reported as ``timeout``, the others still
+run): the sparse tables (``bench.bench_sparse.run``), online training
+(``bench.bench_training.run``), serving latency (``bench/bench_serving.py``)
+and freshness (``bench/bench_freshness.py``), at the sizes in :data:`SIZES`
+(``--quick``: :data:`QUICK`, to check the harness end to end in about a
+minute). Prints one table (figure, value, floor, ratio, machine) and
+rewrites, in ``docs/benchmarks.md``, the block between
+``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->`` of each
+benchmark that ran, plus the combined table between
+``<!-- bench:all:begin -->`` and ``<!-- bench:all:end -->`` (appended in its
+own section when missing). Prose outside the markers is never touched.
+
+``ratio`` is always "ours over the floor, in time" (below 1 beats the floor)
+where the benchmark defines a floor: sparse (table time / redis-py time),
+training (pipeline time per event / bare model time), serving (p50 over
+HTTP / p50 of the same pulls and ONNX run in-process). Freshness has a goal
+(p95 <= 2 s), not a floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "benchmarks.md"
+LIMIT_S = 300
+"""Each benchmark ends by itself within 5 minutes on 2 cores, or is stopped."""
+NAMES = ("sparse", "training", "serving", "freshness")
+
+SIZES: dict[str, dict[str, Any]] = {
+    "sparse": {"iterations": 30, "rows": 100_000, "batch": 4096, "dim": 64},
+    "training": {"events": 150_000, "warmup": 30_000, "batch": 1024},
+    "serving": {"requests": 2000, "candidates": 500},
+    "freshness": {"trials": 40},
+}
+QUICK: dict[str, dict[str, Any]] = {
+    "sparse": {"iterations": 3, "rows": 10_000, "batch": 1024, "dim": 16},
+    "training": {"events": 12_000, "warmup": 4000, "batch": 1024},
+    "serving": {"requests": 100, "candidates": 100},
+    "freshness": {"trials": 3},
+}
+
+
+def machine() -> str:
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def _row(name: str, figure: str, value: float, unit: str, floor: float | None,
+         ratio: float | None, note: str = "") -> dict[str, Any]:
+    return {"bench": name, "figure": figure, "value": value, "unit": unit, "floor": floor,
+            "ratio": ratio, "note": note}
+
+
+# --- one benchmark (runs in the child process) ------------------------------
+
+
+def run_sparse(size: dict[str, Any]) -> list[dict[str, Any]]:
+    from bench import bench_sparse
+
+    return [
+        _row("sparse", r["figure"], r["value"], r["unit"], r["floor"], r["ratio"], r["note"])
+        for r in bench_sparse.run(seed=0, **size)
+    ]
+
+
+def run_training(size: dict[str, Any]) -> list[dict[str, Any]]:
+    from bench import bench_training
+
+    out = []
+    for r in bench_training.run(**size):
+        # bench_training reports rate / floor rate; the table wants time / floor time.
+        ratio = r["floor"] / r["value"] if r["value"] else None
+        out.append(_row("training", r["figure"], r["value"], r["unit"], r["floor"], ratio,
+                        r["note"]))
+    return out
+
+
+def run_serving(size: dict[str, Any]) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="vidrec-bench-all-") as tmp:
+        out = Path(tmp) / "serving.json"
+        _script("bench_serving.py", "--requests", size["requests"], "--candidates",
+                size["candidates"], "--out", out)
+        data = json.loads(out.read_text())
+    seq = data["http_given_candidates_sequential"]
+    floor = data["floor"]["pull_and_onnx"]
+    note = f"{size['candidates']} candidates, ONNX on {data['floor'].get('provider', '?')}"
+    return [
+        _row("serving", "recommend p50 over HTTP", seq["p50_ms"], "ms", floor["p50_ms"],
+             seq["p50_ms"] / floor["p50_ms"], note),
+        _row("serving", "recommend p99 over HTTP", seq["p99_ms"], "ms", floor["p99_ms"],
+             seq["p99_ms"] / floor["p99_ms"], note),
+        _row("serving", "recommend requests/s, 2 clients",
+             data["http_given_candidates_2_clients"]["requests_per_s"], "req/s", None, None,
+             note),
+        _row("serving", "recommend p50 with retrieval",
+             data["http_retrieval_sequential"]["p50_ms"], "ms", None, None,
+             "the service's own candidate sources"),
+    ]
+
+
+def run_freshness(size: dict[str, Any]) -> list[dict[str, Any]]:
+    _script("bench_freshness.py", "--trials", size["trials"], "--backend", "memory")
+    data = json.loads((ROOT / "bench" / "results" / "freshness-memory.json").read_text())
+    row, sig = data["event_to_served_row"], data["event_to_candidate_signals"]
+    note = f"embedded backends, {data['trials']} trials; goal p95 <= 2 s"
+    return [
+        _row("freshness", "event to served row p50", row["p50_s"], "s", None, None, note),
+        _row("freshness", "event to served row p95", row["p95_s"], "s", None, None, note),
+        _row("freshness", "event to candidate signals p95", sig["p95_s"], "s", None, None, note),
+    ]
+
+
+def _script(name: str, *args: Any) -> None:
+    subprocess.run([sys.executable, str(ROOT / "bench" / name), *map(str, args)], cwd=ROOT,
+                   check=True, stdout=subprocess.DEVNULL, timeout=LIMIT_S)
+
+
+RUNNERS = {"sparse": run_sparse, "training": run_training, "serving": run_serving,
+           "freshness": run_freshness}
+
+
+# --- the parent -------------------------------------------------------------
+
+
+def run_one(name: str, size: dict[str, Any]) -> tuple[list[dict[str, Any]], float, str | None]:
+    """Run one benchmark in a child process; (rows, seconds, error or None)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vidrec-bench-all-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, "-m", "bench.run_all", "--child", name, "--size",
+               json.dumps(size), "--out", str(out)]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, timeout=LIMIT_S, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            return [], time.perf_counter() - started, f"timeout after {LIMIT_S} s"
+        seconds = time.perf_counter() - started
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return [], seconds, f"failed (exit {proc.returncode}): {tail[0]}"
+        return json.loads(out.read_text()), seconds, None
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if unit in ("ms", "s") or abs(value) < 100:
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if value else "0"
+    return f"{value:,.0f}"
+
+
+def table(rows: list[dict[str, Any]], where: str) -> str:
+    lines = ["| figure | value | floor | ratio | machine |", "|---|---:|---:|---:|---|"]
+    for r in rows:
+        unit = r["unit"]
+        value = "timeout" if r.get("error") else f"{_num(r['value'], unit)} {unit}"
+        floor = "-" if r["floor"] is None else f"{_num(r['floor'], unit)} {unit}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(f"| {r['bench']}: {r['figure']} | {value} | {floor} | {ratio} | {where} |")
+    return "\n".join(lines)
+
+
+def text(rows: list[dict[str, Any]], where: str) -> str:
+    head = ("figure", "value", "floor", "ratio")
+    body = [
+        (f"{r['bench']}: {r['figure']}",
+         r["error"] if r.get("error") else f"{_num(r['value'], r['unit'])} {r['unit']}",
+         "-" if r["floor"] is None else f"{_num(r['floor'], r['unit'])} {r['unit']}",
+         "-" if r["ratio"] is None else f"{r['ratio']:.2f}")
+        for r in rows
+    ]
+    widths = [max(len(x[i]) for x in (head, *body)) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(x, widths, strict=True)) for x in (head, *body)]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join([*lines, f"machine: {where}"])
+
+
+def replace_block(doc: str, name: str, body: str) -> tuple[str, bool]:
+    """``doc`` with the text between ``name``'s markers replaced; (doc, found)."""
+    pattern = re.compile(
+        rf"(<!-- bench:{re.escape(name)}:begin -->\n).*?(\n?<!-- bench:{re.escape(name)}:end -->)",
+        re.S,
+    )
+    if not pattern.search(doc):
+        return doc, False
+    return pattern.sub(lambda m: m.group(1) + body.rstrip() + "\n" + m.group(2).lstrip("\n"),
+                       doc, count=1), True
+
+
+def rewrite_doc(path: Path, per_bench: dict[str, str], combined: str) -> list[str]:
+    """Rewrite the owned blocks; returns the names rewritten."""
+    doc = path.read_text()
+    done = []
+    for name, body in per_bench.items():
+        doc, found = replace_block(doc, name, body)
+        if found:
+            done.append(name)
+    doc, found = replace_block(doc, "all", combined)
+    if not found:
+        doc = (doc.rstrip() + "\n\n## All benchmarks (`vidrec bench all`)\n\n"
+               "<!-- bench:all:begin -->\n" + combined.rstrip() + "\n<!-- bench:all:end -->\n")
+    done.append("all")
+    path.write_text(doc)
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("target", nargs="?", default="all", choices=["all"])
+    parser.add_argument("--quick", action="store_true", help="small sizes: check the harness")
+    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated subset")
+    parser.add_argument("--doc", default=str(DOC), help="markdown file whose blocks to rewrite")
+    parser.add_argument("--no-doc", action="store_true", help="print only")
+    parser.add_argument("--child", choices=NAMES, help=argparse.SUPPRESS)
+    parser.add_argument("--size", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        Path(args.out).write_text(json.dumps(RUNNERS[args.child](json.loads(args.size))))
+        return 0
+
+    names = [n for n in args.only.split(",") if n]
+    unknown = set(names) - set(NAMES)
+    if unknown:
+        parser.error(f"unknown benchmarks: {sorted(unknown)}")
+    sizes = QUICK if args.quick else SIZES
+    where = machine()
+    load_before = os.getloadavg()[0]
+    rows: list[dict[str, Any]] = []
+    per_bench: dict[str, str] = {}
+    for name in names:
+        print(f"running {name} {sizes[name]} ...", file=sys.stderr, flush=True)
+        got, seconds, error = run_one(name, sizes[name])
+        if error:
+            print(f"  {name}: {error}", file=sys.stderr)
+            rows.append(_row(name, "(did not finish)", 0.0, "", None, None) | {"error": error})
+            continue
+        print(f"  {name}: {seconds:.0f} s", file=sys.stderr)
+        rows += got
+        command = "vidrec bench all" + (" --quick" if args.quick else "") + f" --only {name}"
+        per_bench[name] = (
+            f"Last `vidrec bench all` run ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{seconds:.0f} s; alone: `{command}`), sizes {sizes[name]}:\n\n"
+            + table(got, where)
+        )
+    print(text(rows, where))
+    if not args.no_doc:
+        stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        combined = (
+            f"Command: `vidrec bench all{' --quick' if args.quick else ''}` "
+            f"(or `python -m bench`), {stamp}; load average before {load_before:.2f}, "
+            f"after {os.getloadavg()[0]:.2f}.\n\n" + table(rows, where)
+        )
+        done = rewrite_doc(Path(args.doc), per_bench, combined)
+        print(f"rewrote {', '.join(done)} in {args.doc}", file=sys.stderr)
+    return 0 if not any(r.get("error") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

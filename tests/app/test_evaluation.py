@@ -1,0 +1,179 @@
+"""``vidrec eval``: the replay through trainer and service, baselines, report and plot.
+
+Runs on a small generated MovieLens directory (tests.factories.write_movielens);
+the real ml-100k is never needed (its license forbids copying it here).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.cli import main
+from app.evaluation import EvalConfig, evaluate
+from app.evaluation.baselines import Popularity, prequential
+from app.evaluation.metrics import auc, recall_ndcg, windows
+from app.evaluation.progress import Progress
+from app.evaluation.report import replace_section
+from app.evaluation.stream import load_stream, split_samples
+from feature_store.component import ScoredSamples
+from tests.factories import write_movielens
+
+MIN_TS = 946_684_800_000
+
+
+def _config(path: Path, **overrides: object) -> EvalConfig:
+    base: dict[str, object] = dict(
+        dataset=path, queries=30, windows=5, offline_epochs=3, batch_size=128,
+        export_every=1000, progress=False,
+    )
+    return EvalConfig(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, float]:
+    directory = tmp_path_factory.mktemp("ml") / "ml-tiny"
+    count = write_movielens(directory, users=60, items=60, per_user=30)
+    ratings = [int(line.split("\t")[2]) for line in (directory / "u.data").read_text().splitlines()]
+    return directory, count, float(np.mean([r >= 4 for r in ratings]))
+
+
+@pytest.fixture(scope="module")
+def result(movielens: tuple[Path, int, float]):  # type: ignore[no-untyped-def]
+    return evaluate(_config(movielens[0]))
+
+
+def test_every_rating_is_one_row_labelled_rating_at_least_4(result, movielens) -> None:  # type: ignore[no-untyped-def]
+    _, count, positive_rate = movielens
+    assert result.samples == count
+    assert result.positive_rate == pytest.approx(positive_rate)
+    assert result.test_rows == round(count * 0.2)
+    assert 0.3 < positive_rate < 0.7
+
+
+def test_all_models_are_scored_on_the_same_last_20_percent(result) -> None:  # type: ignore[no-untyped-def]
+    names = [m.name for m in result.models]
+    assert names[0] == "online Wide&Deep" and names[1] == "popularity"
+    assert names[2].startswith("recent popularity") and names[3].startswith("offline Wide&Deep")
+    for model in result.models:
+        assert 0.0 <= model.auc_test <= 1.0
+        assert np.isfinite(model.logloss_test)
+        assert len(model.window_auc) == 5
+    # The offline model only scores the test rows: its curve is empty before them.
+    assert np.isnan(result.models[3].window_auc[0])
+    assert result.offline_epochs and 1 <= result.offline_best_epoch <= 3
+
+
+def test_online_model_learns_users_beyond_popularity(result) -> None:  # type: ignore[no-untyped-def]
+    online, popularity = result.models[0], result.models[1]
+    # Movies are liked by half of the users each: popularity is near chance,
+    # the online model learns each user's genres from their first ratings.
+    assert popularity.auc_test < 0.55
+    assert online.auc_test > 0.58
+    assert online.auc_test > popularity.auc_test + 0.05
+
+
+def test_service_is_asked_at_held_back_positives(result) -> None:  # type: ignore[no-untyped-def]
+    assert result.queries == 30
+    online = result.models[0]
+    assert 0.0 <= online.ndcg <= online.recall <= 1.0
+    for baseline in result.models[1:3]:
+        assert 0.0 <= baseline.recall <= 1.0
+
+
+def test_cli_prints_table_writes_plot_and_doc_section(movielens, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(
+        "# Benchmarks\n\n## Sparse tables\n\nkept\n\n## Quality (MovieLens 100K)\n\nold\n"
+    )
+    png = tmp_path / "auc.png"
+    code = main([
+        "eval", str(movielens[0]), "--queries", "5", "--windows", "4", "--epochs", "1",
+        "--limit", "3000", "--plot", str(png), "--doc", str(doc), "--no-progress",
+    ])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "online Wide&Deep" in out and "AUC last 20%" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = doc.read_text()
+    assert "kept" in text and "old" not in text
+    assert "| online Wide&Deep |" in text and "![AUC over time](auc.png)" in text
+
+
+def test_events_csv_runs_with_the_default_label_policy(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    rows = []
+    for n in range(1500):
+        user, video = f"u{rng.integers(0, 40)}", f"v{rng.integers(0, 30)}"
+        liked = (int(user[1:]) + int(video[1:])) % 3 == 0
+        rows.append({"event_id": f"e{n}", "user_id": user, "video_id": video,
+                     "type": "finish" if liked else "skip", "ts": MIN_TS + 10**9 + n * 1000,
+                     "watch_ms": "", "duration_ms": ""})
+    path = tmp_path / "events.csv"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    path.write_text(buf.getvalue())
+    got = evaluate(_config(path, queries=5, offline_epochs=1))
+    assert got.samples == 1500
+    assert got.test_rows == 300
+
+
+def test_split_is_by_time_user_item_with_a_validation_eighth() -> None:
+    n = 100
+    samples = ScoredSamples(
+        event_ids=[f"e{i}" for i in range(n)], user_ids=[f"u{i % 7}" for i in range(n)],
+        video_ids=[f"v{i}" for i in range(n)], ts_ms=np.arange(n, dtype=np.int64)[::-1].copy(),
+        labels=np.zeros(n), weights=np.ones(n), scores=np.zeros(n),
+    )
+    split = split_samples(samples)
+    assert (len(split.train), len(split.valid), len(split.test)) == (70, 10, 20)
+    assert split.test == [f"e{i}" for i in range(19, -1, -1)]  # latest times last
+
+
+def test_popularity_is_prequential_and_decays() -> None:
+    pop = Popularity(prior_strength=1.0)
+    scores = prequential(pop, ["a", "a", "b"], [0, 1, 2], np.array([1.0, 1.0, 0.0]))
+    assert scores[0] == pytest.approx(0.5)  # nothing seen yet: the prior
+    assert scores[1] > scores[0]  # one positive of "a" seen before the second
+    decayed = Popularity(half_life_ms=1000.0)
+    decayed.update("old", 0, 1.0)
+    decayed.update("new", 5000, 1.0)
+    assert decayed.top(2, 5000, exclude=()) == ["new", "old"]
+    assert decayed.top(2, 5000, exclude={"new"}) == ["old"]
+
+
+def test_metrics() -> None:
+    labels = np.array([0.0, 0.0, 1.0, 1.0])
+    assert auc(np.array([0.1, 0.2, 0.3, 0.4]), labels) == 1.0
+    assert auc(np.array([0.5, 0.5, 0.5, 0.5]), labels) == 0.5
+    assert np.isnan(auc(np.zeros(2), np.ones(2)))
+    recall, ndcg = recall_ndcg([1, 3, None, 25], k=20)
+    assert recall == 0.5 and ndcg == pytest.approx((1 + 1 / np.log2(4)) / 4)
+    assert windows(10, 3) == [(0, 3), (3, 6), (6, 10)]
+
+
+def test_progress_line_has_rate_and_eta() -> None:
+    out = io.StringIO()
+    bar = Progress(1000, "replay", "events", out=out)
+    bar.update(500)
+    line = bar.line()
+    assert "500/1,000 events" in line and "events/s" in line and "ETA" in line
+    assert "50.0%" in out.getvalue()
+
+
+def test_replace_section_appends_when_missing() -> None:
+    doc = replace_section("# B\n\n## Other\n\nx\n", "Quality (MovieLens 100K)", "table")
+    assert doc.endswith("## Quality (MovieLens 100K)\n\ntable\n") and "## Other\n\nx" in doc
+
+
+def test_movielens_stream_uses_genres_and_release_decade(movielens) -> None:  # type: ignore[no-untyped-def]
+    stream = load_stream(movielens[0], "auto", MIN_TS)
+    video = stream.videos[0]
+    assert video.category in {"action", "comedy", "drama", "sci-fi"}
+    assert video.creator_id.startswith("decade-")

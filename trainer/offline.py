@@ -1,0 +1,189 @@
+"""Harnesses for ``vidrec eval``: the online loop replayed, and Wide&Deep trained offline.
+
+Both reach the service side through entry points (``vidrec.components:replay``
+and ``:offline``, see :mod:`feature_store.component`), so ``app`` never
+imports ``trainer``.
+
+:class:`OnlineReplay` is the real online trainer (:class:`~trainer.loop.OnlineTrainer`:
+dedupe, label joiner, features from the stores' pre-batch state, step,
+activity record) consuming the event log in the caller's thread instead of
+its own, so an evaluation can interleave training with requests to the
+service at known moments. Each step's pre-update scores come back through
+the loop's ``on_scored`` hook: prequential (test-then-train) by construction.
+
+:func:`train_offline` is the comparison a batch pipeline would make: the same
+samples (same label policy, same features as they stood at each event's
+moment, built by replaying the stream into a fresh activity store), the same
+:class:`~trainer.model.WideDeep` and :class:`~trainer.step.Trainer` step on
+fresh sparse tables, but several shuffled epochs over the training rows,
+early-stopped on the validation rows' AUC. Test scores are those of the epoch
+with the best validation AUC; the test rows never choose anything.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Collection, Sequence
+
+import numpy as np
+import torch
+
+from feature_store.component import OfflineResult, ScoredSamples
+from feature_store.events import Event
+from feature_store.features.columns import FeatureRow
+from feature_store.runtime import Resources
+from trainer.labels import Joiner, LabelPolicy, Sample
+from trainer.loop import OnlineTrainer
+from trainer.metrics import roc_auc
+from trainer.model import WideDeep
+from trainer.samples import Lookup, build_rows
+from trainer.step import Trainer
+
+log = logging.getLogger(__name__)
+
+_SCORE_BATCH = 4096
+
+
+def _scored(samples: Sequence[Sample], scores: np.ndarray) -> ScoredSamples:
+    return ScoredSamples(
+        event_ids=[s.event.event_id for s in samples],
+        user_ids=[s.event.user_id for s in samples],
+        video_ids=[s.event.video_id for s in samples],
+        ts_ms=np.fromiter((s.event.ts for s in samples), np.int64, len(samples)),
+        labels=np.fromiter((s.label for s in samples), np.float64, len(samples)),
+        weights=np.fromiter((s.weight for s in samples), np.float64, len(samples)),
+        scores=np.asarray(scores, dtype=np.float64),
+    )
+
+
+class OnlineReplay:
+    """:class:`OnlineTrainer` driven from the caller's thread; see the module doc.
+
+    Consumes ``resources.event_log`` with the trainer's own consumer group,
+    ``trainer.batch_size`` events per step, until the log is drained.
+    """
+
+    def __init__(self, resources: Resources) -> None:
+        self._parts: list[ScoredSamples] = []
+        self.loop = OnlineTrainer(resources, on_scored=self._collect)
+        self.loop.restore()
+        self.consumer = resources.event_log.consumer(self.loop.cfg.group_id)
+        self.batch_size = self.loop.cfg.batch_size
+
+    def _collect(self, samples: list[Sample], scores: np.ndarray) -> None:
+        self._parts.append(_scored(samples, scores))
+
+    def drain(self) -> ScoredSamples:
+        gc_before = gc.get_threshold()
+        if self.loop.cfg.gc_threshold:
+            gc.set_threshold(self.loop.cfg.gc_threshold, 20, 100)
+        try:
+            while records := self.consumer.poll(self.batch_size, 0.0):
+                self.loop.train_records(records)
+                self.consumer.commit()
+        finally:
+            gc.set_threshold(*gc_before)
+        out, self._parts = ScoredSamples.concat(self._parts), []
+        return out
+
+    def export(self) -> str:
+        return self.loop.export(activate=True)
+
+    def close(self) -> None:
+        self.consumer.close()
+        self.loop.trainer.close()
+
+
+def build_samples(
+    resources: Resources, events: Sequence[Event], batch_size: int
+) -> tuple[list[Sample], list[FeatureRow]]:
+    """The online loop's samples and feature rows, without training.
+
+    Same joiner and label policy, same pre-batch store state per batch of
+    ``batch_size`` events, recorded into ``resources.activity`` (which must
+    start empty) after each batch, as the loop does.
+    """
+    cfg = resources.settings.trainer
+    joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
+    history_limit = resources.settings.features.history_in_model
+    samples: list[Sample] = []
+    rows: list[FeatureRow] = []
+    for start in range(0, len(events), batch_size):
+        chunk = events[start : start + batch_size]
+        lookup = Lookup(resources.catalog, chunk)
+        found = joiner.observe(list(chunk), [0] * len(chunk), lookup.durations)
+        if found:
+            built = build_rows(found, lookup, resources.catalog, resources.activity, history_limit)
+            samples += found
+            rows += built.rows
+        resources.activity.record(chunk, lookup.durations)
+    return samples, rows
+
+
+def _score(trainer: Trainer, rows: Sequence[FeatureRow]) -> np.ndarray:
+    parts = [
+        trainer.score(trainer.extractor.extract(list(rows[i : i + _SCORE_BATCH])))
+        for i in range(0, len(rows), _SCORE_BATCH)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def train_offline(
+    resources: Resources,
+    events: Sequence[Event],
+    train_ids: Collection[str],
+    valid_ids: Collection[str],
+    test_ids: Collection[str],
+    *,
+    max_epochs: int = 10,
+    patience: int = 2,
+    batch_size: int = 256,
+    seed: int = 0,
+) -> OfflineResult:
+    """Wide&Deep trained in epochs on ``train_ids``, early-stopped on ``valid_ids``.
+
+    ``resources`` must be fresh (empty activity store and sparse tables, the
+    catalog loaded); ids name the samples' label-carrying events. Rows are
+    shuffled each epoch (``seed``); the dense network and the sparse tables'
+    optimizers are the online trainer's (``settings.trainer``, ``.sparse``).
+    """
+    cfg = resources.settings.trainer
+    samples, rows = build_samples(resources, events, cfg.batch_size)
+    index = {s.event.event_id: i for i, s in enumerate(samples) if s.weight > 0}
+    train = np.array([index[i] for i in train_ids if i in index], dtype=np.int64)
+    valid = [index[i] for i in valid_ids if i in index]
+    test = [index[i] for i in test_ids if i in index]
+    labels = np.fromiter((s.label for s in samples), np.float32, len(samples))
+    weights = np.fromiter((s.weight for s in samples), np.float32, len(samples))
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(seed)
+    model = WideDeep(resources.schema, cfg.hidden)
+    trainer = Trainer(resources.schema, resources.tables, model, cfg.dense_learning_rate)
+    rng = np.random.default_rng(seed)
+    valid_labels = labels[valid].astype(np.float64)
+    best_auc, best_epoch, best_scores = -1.0, 0, np.zeros(len(test))
+    epochs: list[dict[str, float]] = []
+    for epoch in range(1, max_epochs + 1):
+        started = time.perf_counter()
+        order = rng.permutation(train)
+        loss = 0.0
+        for i in range(0, len(order), batch_size):
+            idx = order[i : i + batch_size]
+            batch = trainer.extractor.extract([rows[j] for j in idx])
+            loss += trainer.step(batch, labels[idx], weights[idx]).loss
+        auc = roc_auc(_score(trainer, [rows[j] for j in valid]), valid_labels)
+        epochs.append({"epoch": epoch, "train_loss": loss / max(1, len(order)),
+                       "valid_auc": auc, "seconds": time.perf_counter() - started})
+        log.info("offline epoch %d: valid AUC %.4f", epoch, auc)
+        if auc > best_auc:
+            best_auc, best_epoch = auc, epoch
+            best_scores = _score(trainer, [rows[j] for j in test])
+        elif epoch - best_epoch >= patience:
+            break
+    trainer.close()
+    return OfflineResult(
+        test=_scored([samples[j] for j in test], best_scores), epochs=epochs, best_epoch=best_epoch
+    )
