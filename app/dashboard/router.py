@@ -83,6 +83,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         sampler.close()
+        if own_series is not None:
+            own_series.close()
         app.state.dashboard = None
 
 

@@ -26,6 +26,12 @@ TRAINING_FIELDS = (
     "samples_per_s", "batch_ms_mean", "batch_ms_p95", "unique_keys", "lag", "events_total",
 )
 """Fields of a trainer metrics point the page charts or shows."""
+FIRST_LOOK_MS = 30 * 60 * 1000
+"""A page's first poll (``since_ms=0``) gets this much chart history, by the server's clock."""
+
+
+def _start(since_ms: int) -> int:
+    return since_ms or int(time.time() * 1000) - FIRST_LOOK_MS
 
 
 def finite(value: Any) -> Any:
@@ -107,7 +113,7 @@ def training(
         ends = resources.event_log.end_offsets()
         positions = {int(p): int(o) for p, o in ((status or {}).get("positions") or {}).items()}
         lag = {str(p): max(0, end - positions.get(p, 0)) for p, end in sorted(ends.items())}
-        points = series.read(since_ms, limit=2000) if series is not None else []
+        points = series.read(_start(since_ms), limit=2000) if series is not None else []
         return {
             "state": display_state(status, settings.lag_warning_records),
             "status": status,
@@ -237,7 +243,7 @@ def _points(series: MetricsSeries | None, since_ms: int) -> list[dict[str, Any]]
         return []
     return [
         {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}}
-        for p in series.read(since_ms, limit=2000)
+        for p in series.read(_start(since_ms), limit=2000)
     ]
 
 

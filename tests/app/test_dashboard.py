@@ -85,7 +85,8 @@ def test_overview_fills_under_traffic(live: TestClient) -> None:
         training, serving = o["training"], o["serving"]
         points = [p for p in training["points"] if p["auc"] is not None]
         busy = [p for p in serving["points"] if (p["requests_per_s"] or 0) > 0]
-        ok = points and busy and o["tables"]["tables"] and training["state"] == "running"
+        rows = any(t["rows"] > 0 for t in o["tables"]["tables"].values())
+        ok = points and busy and rows and training["state"] == "running"
         return o if ok else None
 
     o = wait_for(filled, timeout_s=60, interval_s=0.3)
@@ -99,7 +100,7 @@ def test_overview_fills_under_traffic(live: TestClient) -> None:
     assert [s["stage"] for s in serving["stages"]] == [
         "candidates", "features", "pull", "onnx", "total"
     ]
-    assert any(t["rows"] > 0 for t in o["tables"]["tables"].values())
+    assert {"user", "video", "wide"} <= set(o["tables"]["tables"])
     later = live.get(
         "/dashboard/api/overview", params={"since_ms": training["points"][-1]["ts_ms"]},
         headers=ADMIN,

@@ -82,7 +82,7 @@
       ["log loss", num(l.logloss)], ["popularity log loss", num(l.baseline_logloss)],
       ["last export", t.last_version || "–"],
     ]);
-    for (const p of t.points || []) { hist.training.push(p); since.training = Math.max(since.training, p.ts_ms); }
+    for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
     trim(hist.training);
     const lag = t.lag_per_partition || {};
     table($("lag-table"), ["partition", "lag"], Object.entries(lag).map(([p, v]) => `<tr><td>${esc(p)}</td><td>${int(v)}</td></tr>`));
@@ -137,7 +137,7 @@
     ]);
     table($("stage-table"), ["stage", "p50 ms", "p99 ms"], (s.stages || []).map((r) =>
       `<tr><td>${esc(r.stage === "onnx" ? "score (onnx)" : r.stage)}</td><td>${num(r.p50_ms, 2)}</td><td>${num(r.p99_ms, 2)}</td></tr>`));
-    for (const p of s.points || []) { hist.serving.push(p); since.serving = Math.max(since.serving, p.ts_ms); }
+    for (const p of s.points || []) if (p.ts_ms > since.serving) { hist.serving.push(p); since.serving = p.ts_ms; }
     trim(hist.serving);
     const h = hist.serving;
     Charts.draw($("chart-requests"), [{ label: "requests/s", points: series(h, "requests_per_s") }, { label: "events/s", points: series(h, "events_per_s"), color: "#16a34a" }], { min: 0 });
