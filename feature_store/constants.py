@@ -58,6 +58,12 @@ TRAINER_METRICS = f"{REDIS_ROOT}:trainer:metrics:"
 """Capped stream of a trainer's metric points: ``{TRAINER_METRICS}{group_id}``."""
 TRAINER_STATUS = f"{REDIS_ROOT}:trainer:status:"
 """A trainer's heartbeat (JSON, with a TTL): ``{TRAINER_STATUS}{group_id}``."""
+TRAINER_PROGRESS = f"{REDIS_ROOT}:trainer:progress:"
+"""Hash of partition -> next offset trained by any member of a group (scale-out):
+``{TRAINER_PROGRESS}{group_id}``; see ``trainer/distributed.py``."""
+TRAINER_DENSE = f"{REDIS_ROOT}:trainer:dense:"
+"""Hash of member -> its latest dense parameters (scale-out averaging):
+``{TRAINER_DENSE}{group_id}``; see ``trainer/distributed.py``."""
 
 CONTROL_COMMANDS = f"{REDIS_ROOT}:control:cmd"
 """Capped stream of operator commands to trainers (``feature_store.control``)."""

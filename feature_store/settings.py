@@ -298,6 +298,13 @@ class TrainerSettings(_Section):
     """Points the metrics time series keeps (memory ring / Redis stream MAXLEN)."""
     heartbeat_ttl_s: float = Field(15.0, gt=0)
     """A status heartbeat older than this means the trainer is gone."""
+    # --- scale-out: several trainers in one group (trainer/distributed.py) ---
+    group_sync: bool = False
+    """Share per-partition progress and average the dense network with the other
+    trainers of ``group_id`` through Redis; needs ``sparse.backend=redis``."""
+    dense_sync_every_s: float = Field(5.0, gt=0)
+    """Seconds between dense averaging rounds (with ``group_sync``); also the
+    staleness bound of a peer's parameters when averaged."""
 
 
 class Settings(BaseSettings):

@@ -58,6 +58,7 @@ from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries
 from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, STATE_FILE, Checkpointer
 from trainer.dedupe import DedupeWindow, id_hash
+from trainer.distributed import open_group_sync
 from trainer.export import publish
 from trainer.fetch import IDLE, Fetcher
 from trainer.labels import Joiner, LabelPolicy, Sample
@@ -106,6 +107,7 @@ class OnlineTrainer:
         )
         self.joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
         self.dedupe = DedupeWindow(cfg.dedupe_window)
+        self.group = open_group_sync(resources)  # scale-out (trainer/distributed.py); or None
         self.metrics = TrainerMetrics(cfg.metrics_window, registry)
         self.series = series
         self.root: Path = settings.data_dir / "trainer" / cfg.group_id
@@ -211,6 +213,8 @@ class OnlineTrainer:
                 self._fail_requests()
                 self.trainer.close()
                 consumer.close()
+                if self.group is not None:  # scale-out: peers stop averaging with this copy
+                    self.group.leave()
                 self._fetcher = None
                 self._thread_id = None
                 self.state = "stopped"
@@ -221,6 +225,9 @@ class OnlineTrainer:
         started = time.perf_counter()
         self._dirty = True
         fresh = self.dedupe.admit([r.event.event_id for r in records])
+        group = self.group
+        if group is not None:  # scale-out: drop what another member already trained
+            fresh = self._retry(lambda: group.unclaimed(records, fresh))
         events = [records[i].event for i in fresh]
         partitions = [records[i].partition for i in fresh]
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
@@ -235,6 +242,8 @@ class OnlineTrainer:
         if self.durable_sparse and ids:
             with open(self.root / JOURNAL_FILE, "a") as fh:
                 fh.write(json.dumps(ids) + "\n")
+        if group is not None:  # scale-out: the group's progress, after the journal line
+            self._retry(lambda: group.trained(records))
         if self.cfg.audit:
             self._trained_ids += ids
         self._batches_since_export += 1
@@ -318,6 +327,12 @@ class OnlineTrainer:
         )
         if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
             self.export(cfg.auto_activate)
+        if self.group is not None and self.group.due():  # scale-out: dense averaging
+            try:
+                with self._lock:
+                    self.group.average(self.model, self.metrics.samples_total)
+            except BackendUnavailable as exc:
+                log.warning("dense sync skipped: %s", exc)
         if now - self._last_checkpoint >= cfg.checkpoint_every_s and self._dirty:
             self.checkpoint()
 
@@ -493,6 +508,7 @@ class OnlineTrainer:
             "positions": {str(p): o for p, o in sorted(self.positions.items())},
             "last_error": self.last_error,
             "metrics": self.last_point,
+            "group": None if self.group is None else self.group.status(),
         }
 
 

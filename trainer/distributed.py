@@ -1,0 +1,249 @@
+"""Several trainers in one consumer group: shared progress and dense averaging, over Redis.
+
+Scale-out splits the events topic's partitions among the trainers of one
+consumer group (Kafka does the split and moves a partition when its
+trainer dies or a new one joins). Everything sparse is already shared: the
+tables live in Redis (or Redis Cluster) and every push is durable at once.
+Two things are not, and this module adds them (``trainer.group_sync``):
+
+**Progress** (``TRAINER_PROGRESS{group}``, a hash partition -> next offset).
+Kafka moves a partition from the offset its last owner *committed*, and a
+trainer commits only with a checkpoint, every ``checkpoint_every_s``; what the
+old owner pushed after that is durable in Redis already. Its journal lets
+*it* skip those events on a restart, but the new owner never sees that
+journal. So after each batch (after its push, dense step, activity record
+and journal line) the trainer raises the group's offset of each partition
+it trained to the batch's next offset (a Lua max, atomic per key), and
+before training a batch it drops the records below that offset: they were
+trained by whoever owned the partition before. Same gap as the journal: a
+trainer killed between a batch's push and this write leaves that batch to
+be trained again by the next owner (one batch, milliseconds). The hash
+outlives the group's committed offsets: reset it (``DEL``) together with
+them when replaying a group on purpose.
+
+**Dense parameters** (``TRAINER_DENSE{group}``, a hash member -> parameters).
+The deep network is small (tens of thousands of floats) and each trainer
+trains its own copy on its own partitions. Every ``dense_sync_every_s``
+seconds a trainer writes its parameters (float32, with the time and its
+sample count) under its member name and replaces its own by the plain mean
+of its own and every peer's latest copy younger than ``3 ×
+dense_sync_every_s`` (periodic model averaging, as in local SGD; each keeps
+its own Adam moments). Staleness: a peer's copy is at most one period old
+when averaged, so two trainers' networks never drift apart for more than
+about one period of training, and an export is at most one period of the
+other trainers' learning behind. A dead trainer's copy stops being refreshed
+and drops out of the mean after three periods (then its field is deleted);
+there is no collective to join, so a death never blocks the others, and a
+trainer that joins late is pulled to the group's mean at its first sync.
+
+Why not ``torch.distributed``: an all-reduce needs every member of a
+fixed-size group to reach the same call. Trainers consume different
+partitions at different rates (a per-step all-reduce runs at the pace of the
+slowest), and a SIGKILLed member leaves the others blocked until a timeout
+and unable to go on without re-forming the group (an elastic rendezvous);
+Redis, which every trainer already needs, gives asynchronous averaging with
+a bounded staleness and no membership protocol. The price is that the
+average is of parameters, not gradients: between syncs the copies differ
+(by at most a period of training), which model averaging tolerates for a
+network this size; shorten the period to tighten it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+from redis.exceptions import RedisClusterException
+from torch import nn
+
+from feature_store.constants import TRAINER_DENSE, TRAINER_PROGRESS
+from feature_store.errors import ConfigurationError, StoreUnavailable
+from feature_store.eventlog.base import ConsumedEvent
+from feature_store.runtime import Resources
+
+log = logging.getLogger(__name__)
+
+_ADVANCE = """
+for i = 1, #ARGV, 2 do
+  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > current then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+"""
+"""KEYS[1]: the group's progress hash; ARGV: partition, next offset pairs (only raised)."""
+
+_HEADER = struct.Struct("<qqq")
+"""Published time (ms), samples trained by that member, float count; then the floats."""
+
+STALE_PERIODS = 3
+"""A peer's parameters older than this many sync periods are ignored, then deleted."""
+
+
+def dense_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """What is averaged: every parameter and floating-point buffer, in a fixed order."""
+    tensors = list(model.parameters())
+    return tensors + [b for b in model.buffers() if b.is_floating_point()]
+
+
+class GroupSync:
+    """One trainer's view of its group: progress filter and dense averaging (module doc).
+
+    ``client`` is the process's Redis (or Redis Cluster) client; both keys are
+    single hashes, so they live in one slot and every command here is a
+    single-key one.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        group_id: str,
+        *,
+        every_s: float = 5.0,
+        member: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.progress_key = TRAINER_PROGRESS + group_id
+        self.dense_key = TRAINER_DENSE + group_id
+        self.member = member or f"{socket.gethostname()}-{os.getpid()}"
+        self.every_s = every_s
+        self.stale_s = STALE_PERIODS * every_s
+        self._clock = clock
+        self._last_sync = clock()
+        self.syncs = 0
+        """Averaging rounds done by this member."""
+        self.last_peers = 0
+        """Live peers averaged with in the last round."""
+        self.skipped = 0
+        """Records dropped because another member had trained them."""
+
+    # --- progress -------------------------------------------------------------
+
+    def unclaimed(self, records: Sequence[ConsumedEvent], chosen: list[int]) -> list[int]:
+        """The indices of ``chosen`` (into ``records``) that no member has trained yet."""
+        if not chosen:
+            return chosen
+        partitions = sorted({records[i].partition for i in chosen})
+        with _errors("progress read"):
+            raw = self.client.hmget(self.progress_key, [str(p) for p in partitions])
+        done = {p: int(v) for p, v in zip(partitions, raw, strict=True) if v is not None}
+        if not done:
+            return chosen
+        kept = [i for i in chosen if records[i].offset >= done.get(records[i].partition, 0)]
+        self.skipped += len(chosen) - len(kept)
+        return kept
+
+    def trained(self, records: Sequence[ConsumedEvent]) -> None:
+        """Raise the group's offset of each partition in ``records`` past them."""
+        nexts: dict[int, int] = {}
+        for r in records:
+            nexts[r.partition] = max(nexts.get(r.partition, 0), r.offset + 1)
+        if not nexts:
+            return
+        args = [x for p, o in sorted(nexts.items()) for x in (p, o)]
+        with _errors("progress write"):
+            self.client.eval(_ADVANCE, 1, self.progress_key, *args)
+
+    # --- dense averaging --------------------------------------------------------
+
+    def due(self) -> bool:
+        return self._clock() - self._last_sync >= self.every_s
+
+    def average(self, model: nn.Module, samples: int) -> int:
+        """Publish ``model``'s parameters and replace them by the group's mean.
+
+        Returns the number of live peers averaged with (0: alone, nothing
+        changed). Stale peers' fields are deleted.
+        """
+        self._last_sync = now = self._clock()
+        tensors = dense_tensors(model)
+        with torch.no_grad():
+            mine = torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors]).numpy()
+        blob = _HEADER.pack(int(now * 1000), samples, mine.size) + mine.astype("<f4").tobytes()
+        with _errors("dense publish"):
+            self.client.hset(self.dense_key, self.member, blob)
+            entries: dict[bytes | str, bytes] = self.client.hgetall(self.dense_key)
+        peers, stale = [], []
+        for name, value in entries.items():
+            name = name.decode() if isinstance(name, bytes) else name
+            if name == self.member:
+                continue
+            published_ms, _, count = _HEADER.unpack_from(value)
+            if now - published_ms / 1000.0 > self.stale_s:
+                stale.append(name)
+            elif count != mine.size or len(value) != _HEADER.size + 4 * count:
+                log.warning("dense sync: peer %s has another network shape; ignored", name)
+            else:
+                peers.append(np.frombuffer(value, dtype="<f4", offset=_HEADER.size))
+        if stale:
+            with _errors("dense prune"):
+                self.client.hdel(self.dense_key, *stale)
+        self.syncs += 1
+        self.last_peers = len(peers)
+        if not peers:
+            return 0
+        mean = (mine.astype(np.float64) + np.sum(peers, axis=0, dtype=np.float64)) / (
+            1 + len(peers)
+        )
+        _load_flat(tensors, torch.from_numpy(mean.astype(np.float32)))
+        return len(peers)
+
+    def leave(self) -> None:
+        """Remove this member's parameters (a graceful stop; a dead one just goes stale)."""
+        try:
+            self.client.hdel(self.dense_key, self.member)
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            log.warning("dense sync: could not leave the group: %s", exc)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "member": self.member,
+            "dense_syncs": self.syncs,
+            "dense_peers": self.last_peers,
+            "skipped_as_trained_by_peer": self.skipped,
+        }
+
+
+def _load_flat(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset : offset + n].view_as(t).to(t.dtype))
+            offset += n
+
+
+@contextmanager
+def _errors(operation: str) -> Iterator[None]:
+    """Translate redis-py failures into :class:`StoreUnavailable` (the loop retries those)."""
+    try:
+        yield
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
+        raise StoreUnavailable(f"trainer group sync {operation}: {exc}") from exc
+
+
+def open_group_sync(resources: Resources) -> GroupSync | None:
+    """The group sync ``trainer.group_sync`` asks for, or None.
+
+    Needs durable sparse tables (Redis): with in-process tables a crash rolls
+    the state back, and a shared progress would then skip events the
+    restored state never saw.
+    """
+    cfg = resources.settings.trainer
+    if not cfg.group_sync:
+        return None
+    if resources.settings.sparse.backend != "redis" or resources.redis_client is None:
+        raise ConfigurationError(
+            "trainer.group_sync: several trainers need the Redis sparse tables (sparse.backend)"
+        )
+    return GroupSync(resources.redis_client, cfg.group_id, every_s=cfg.dense_sync_every_s)
