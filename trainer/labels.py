@@ -170,10 +170,10 @@ class Joiner:
         self._size -= 1
         return self._pending[partition].popitem(last=False)[1]
 
-    def _expire(self) -> list[Sample]:
+    def _expire(self, now_ms: int = 0) -> list[Sample]:
         out: list[Sample] = []
         for partition, pending in self._pending.items():
-            limit = self._watermark.get(partition, 0) - self.window_ms
+            limit = max(self._watermark.get(partition, 0), now_ms) - self.window_ms
             while pending:
                 key, event = next(iter(pending.items()))
                 if event.ts >= limit:
@@ -185,10 +185,13 @@ class Joiner:
         return out
 
     def flush_idle(self, now_ms: int) -> list[Sample]:
-        """Expire impressions older than the window by wall clock (stream idle)."""
-        for partition in self._pending:
-            self._watermark[partition] = max(self._watermark.get(partition, 0), now_ms)
-        return self._expire()
+        """Expire impressions older than the window by wall clock (stream idle).
+
+        The wall clock is used for this sweep only and does not move the
+        event-time watermarks: a replay of old events after an idle spell
+        must still join its impressions by their own times.
+        """
+        return self._expire(now_ms)
 
     def _negative(self, impression: Event) -> Sample:
         return Sample(impression, 0.0, self.policy.weight(EventType.IMPRESSION), impression.context)

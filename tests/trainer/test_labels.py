@@ -111,6 +111,18 @@ def test_flush_idle_expires_by_wall_clock() -> None:
     assert [s.label for s in joiner.flush_idle(imp.ts + 20_000)] == [0.0]
 
 
+def test_idle_flush_does_not_expire_later_old_events() -> None:
+    """A replay of old events after an idle spell still joins by event time."""
+    joiner = _joiner(window_ms=10_000)
+    first = make_event(type="impression", ts=999_000_000_000, video_id="z")
+    joiner.observe([first], [0], {})
+    assert len(joiner.flush_idle(2_000_000_000_000)) == 1  # idle "now", far after the replay
+    imp = make_event(type="impression", ts=1_000_000_000_000, video_id="a")
+    assert joiner.observe([imp], [0], {}) == []
+    play = make_event(type="play", ts=1_000_000_002_000, video_id="a", watch_ms=60_000)
+    assert [(s.event.type, s.label) for s in joiner.observe([play], [0], {})] == [("play", 1.0)]
+
+
 def test_state_round_trip_keeps_pending_impressions() -> None:
     joiner = _joiner(window_ms=10_000)
     imp = make_event(type="impression", context=EventContext(position=1))
