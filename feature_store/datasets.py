@@ -162,7 +162,9 @@ def _parse_date(text: str) -> datetime | None:
         return None
 
 
-def _video(item: str, genres: list[str], released: datetime | None, year: int | None = None) -> Video:
+def _video(
+    item: str, genres: list[str], released: datetime | None, year: int | None = None
+) -> Video:
     year = released.year if released else year
     return Video(
         video_id=f"ml{item}",
@@ -186,7 +188,8 @@ def read_ml_latest(directory: Path) -> tuple[list[Rating], list[Video]]:
     with open(directory / "movies.csv", newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
             match = re.search(r"\((\d{4})\)\s*$", row.get("title", ""))
-            genres = [g for g in row.get("genres", "").split("|") if g and g != "(no genres listed)"]
+            listed = row.get("genres", "").split("|")
+            genres = [g for g in listed if g and g != "(no genres listed)"]
             videos.append(
                 _video(row["movieId"], genres or ["unknown"], None,
                        int(match.group(1)) if match else None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.datasets import movielens_events, rating_events, Rating, time_shift
+from feature_store.datasets import Rating, movielens_events, rating_events, time_shift
 from feature_store.events import EventType
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
@@ -72,7 +72,8 @@ def test_order_is_event_time_then_user_then_item(tmp_path: Path) -> None:
     write_tiny_ml100k(tmp_path)
     events, videos = movielens_events(tmp_path, MIN_TS)
     firsts = [(e.user_id, e.video_id) for e in events if e.type == EventType.IMPRESSION]
-    assert firsts == [("ml1", "ml2"), ("ml2", "ml1"), ("ml1", "ml1"), ("ml3", "ml3"), ("ml3", "ml2")]
+    expected = [("ml1", "ml2"), ("ml2", "ml1"), ("ml1", "ml1"), ("ml3", "ml3"), ("ml3", "ml2")]
+    assert firsts == expected
     assert [e.ts for e in events] == sorted(e.ts for e in events)
     by_id = {v.video_id: v for v in videos}
     assert by_id["ml1"].category == "comedy" and by_id["ml1"].tags == ("comedy", "drama")
