@@ -321,12 +321,20 @@ class OnlineTrainer:
                 except BackendUnavailable as exc:
                     log.warning("metrics series unavailable: %s", exc)
             self._heartbeat()
-        due_by_time = cfg.export_every_s > 0 and now - self._last_export >= cfg.export_every_s
+        fresh = self._batches_since_export > 0  # nothing new since the last export: skip
+        due_by_time = (
+            cfg.export_every_s > 0 and now - self._last_export >= cfg.export_every_s and fresh
+        )
         due_by_count = (
             cfg.export_every_batches > 0 and self._batches_since_export >= cfg.export_every_batches
         )
         if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
-            self.export(cfg.auto_activate)
+            try:
+                self.export(cfg.auto_activate)
+            except Exception as exc:  # a failed export must not stop training; retried later
+                self.last_error = f"export failed: {exc!r}"
+                self._last_export = now
+                log.exception("export failed; training goes on")
         if self.group is not None and self.group.due():  # scale-out: dense averaging
             try:
                 with self._lock:
@@ -334,7 +342,12 @@ class OnlineTrainer:
             except BackendUnavailable as exc:
                 log.warning("dense sync skipped: %s", exc)
         if now - self._last_checkpoint >= cfg.checkpoint_every_s and self._dirty:
-            self.checkpoint()
+            try:
+                self.checkpoint()
+            except OSError as exc:  # nothing committed; the next checkpoint tries again
+                self.last_error = f"checkpoint failed: {exc!r}"
+                self._last_checkpoint = now
+                log.exception("checkpoint failed; offsets stay uncommitted")
 
     def _serve_requests(self) -> None:
         while True:

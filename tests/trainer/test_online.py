@@ -152,3 +152,27 @@ def test_redis_journal_skips_batches_pushed_before_a_crash(redis_url: str, tmp_p
     trained = [i for p in sorted(audit.glob("*.ids")) for i in p.read_text().split()]
     assert sorted(trained) == sorted(r.event.event_id for r in records)
     assert row_before.shape == (1, 16)
+
+
+def test_failed_export_does_not_stop_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trainer.loop as loop_module
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(loop_module, "publish", broken)
+    settings = trainer_settings(tmp_path, export_every_batches=2)
+    world = SyntheticWorld(WORLD)
+    events = world.events(6_000)
+    with open_resources(settings) as resources:
+        seed(resources, world, events)
+        trainer = TrainerComponent(resources)
+        trainer.start()
+        wait_until(lambda: trainer.status()["events_total"] >= 6_000, 60, "the stream")
+        trainer.stop()
+        status = trainer.status()
+    assert status["state"] == "stopped"
+    assert "export failed" in (status["last_error"] or "")
+    assert resources.registry.list_versions() == []
