@@ -52,7 +52,8 @@ def summary(result: EvalResult) -> str:
     return (
         f"{result.events:,} events, {result.samples:,} labelled rows (positive rate "
         f"{result.positive_rate:.3f}); last 20%: {result.test_rows:,} rows, "
-        f"{100 * result.new_test_users:.0f}% of their users absent from the first 80%.\n"
+        f"{100 * result.new_test_users:.0f}% of their users ({100 * result.new_test_rows:.0f}% "
+        "of the rows) absent from the first 80%.\n"
         f"Online AUC on the last 20%: {margins}.\n"
         f"Ranking: {result.queries} held-back positives asked of the service"
         f"{' (fallbacks: ' + fallbacks + ')' if fallbacks else ''}.\n"

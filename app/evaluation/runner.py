@@ -127,6 +127,8 @@ class ModelFigures:
     recall: float = math.nan
     ndcg: float = math.nan
     window_auc: list[float] = field(default_factory=list)
+    auc_fit: float = math.nan
+    """AUC on the first 80% (train + validation rows): what settings may be tuned on."""
 
 
 @dataclass
@@ -138,6 +140,8 @@ class EvalResult:
     positive_rate: float
     new_test_users: float
     """Share of test users with no row in the training part (train + validation)."""
+    new_test_rows: float
+    """Share of test rows whose user has no row in the training part."""
     models: list[ModelFigures]
     window_ends_ms: list[int]
     test_start_ms: int
@@ -320,7 +324,9 @@ def _figures(
 ) -> ModelFigures:
     labels = weighted.labels
     recall, ndcg = recall_ndcg(ranks, k) if ranks is not None else (math.nan, math.nan)
+    fit = np.setdiff1d(np.arange(len(labels)), test_idx)
     return ModelFigures(
+        auc_fit=auc(scores[fit], labels[fit]),
         name=name,
         auc_test=auc(scores[test_idx], labels[test_idx]),
         logloss_test=logloss(scores[test_idx], labels[test_idx]),
@@ -409,7 +415,8 @@ def _result(
         ],
     ))
     fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
-    test_users = {weighted.user_ids[i] for i in test_idx.tolist()}
+    test_user_rows = [weighted.user_ids[i] for i in test_idx.tolist()]
+    test_users = set(test_user_rows)
     return EvalResult(
         dataset=str(cfg.dataset),
         events=len(stream.events),
@@ -417,6 +424,7 @@ def _result(
         test_rows=len(test_idx),
         positive_rate=float(labels.mean()) if len(labels) else math.nan,
         new_test_users=len(test_users - fit_users) / max(1, len(test_users)),
+        new_test_rows=sum(u not in fit_users for u in test_user_rows) / max(1, len(test_user_rows)),
         models=models,
         window_ends_ms=[int(weighted.ts_ms[b - 1]) for _, b in slices],
         test_start_ms=split.test_start_ts,

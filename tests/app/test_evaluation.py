@@ -21,6 +21,7 @@ from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
 from app.evaluation.stream import load_stream, split_samples
 from feature_store.component import ScoredSamples
+from feature_store.errors import ConfigurationError
 from tests.factories import write_movielens
 
 MIN_TS = 946_684_800_000
@@ -177,3 +178,24 @@ def test_movielens_stream_uses_genres_and_release_decade(movielens) -> None:  # 
     video = stream.videos[0]
     assert video.category in {"action", "comedy", "drama", "sci-fi"}
     assert video.creator_id.startswith("decade-")
+
+
+@pytest.mark.redis
+def test_redis_backends_replay_the_same_rows(movielens, redis_url: str) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    small = {"limit": 2500, "queries": 5, "offline_epochs": 1}
+    on_redis = evaluate(_config(movielens[0], backend="redis", redis_url=redis_url, **small))
+    in_memory = evaluate(_config(movielens[0], **small))
+    assert (on_redis.samples, on_redis.test_rows) == (in_memory.samples, in_memory.test_rows)
+    assert on_redis.models[1].auc_test == in_memory.models[1].auc_test  # same rows, same labels
+    assert on_redis.models[0].auc_test == pytest.approx(in_memory.models[0].auc_test, abs=0.05)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.dbsize() == 0  # the scratch database is left empty
+        client.set("someone-elses-key", "1")
+        with pytest.raises(ConfigurationError, match="scratch"):
+            evaluate(_config(movielens[0], backend="redis", redis_url=redis_url, **small))
+        assert client.get("someone-elses-key") == b"1"
+    finally:
+        client.close()
