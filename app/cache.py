@@ -18,6 +18,7 @@ dict and array lookups, and a cache would only add staleness.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
@@ -69,7 +70,9 @@ class RowCache:
     """Sparse rows of one table: a dict from key to a slot of one float32 matrix.
 
     Hits are gathered with one fancy index, so a 3,000-key pull costs a dict
-    pass, not 3,000 small array copies.
+    pass, not 3,000 small array copies. One lock per table: slot allocation
+    must not interleave (the dashboard also asks for recommendations, from a
+    thread-pool thread), and uncontended it costs nothing measurable.
     """
 
     def __init__(self, table: SparseTable, ttl_s: float, capacity: int = 262_144) -> None:
@@ -79,8 +82,13 @@ class RowCache:
         self._slots: dict[int, tuple[float, int]] = {}
         self._rows = np.zeros((capacity, table.spec.dim), dtype=np.float32)
         self._next = 0
+        self._lock = threading.Lock()
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        with self._lock:
+            return self._pull(keys)
+
+    def _pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         now = time.monotonic()
         slots = self._slots
         found = [slots.get(k) for k in keys.tolist()]
