@@ -73,7 +73,7 @@ def run_eval(args: argparse.Namespace) -> int:
                 link = str(png)
         command = "vidrec " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(
             sys.argv) > 2 else "vidrec eval"
-        section = markdown(result, cfg.k, command, link)
+        section = markdown(result, cfg, command, link)
         doc.write_text(replace_section(doc.read_text(), DOC_SECTION, section))
         log.info("rewrote '## %s' in %s", DOC_SECTION, doc)
     return 0

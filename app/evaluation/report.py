@@ -7,7 +7,7 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from app.evaluation.runner import EvalResult
+from app.evaluation.runner import EvalConfig, EvalResult
 
 _HEADER = (
     "model",
@@ -55,7 +55,8 @@ def summary(result: EvalResult) -> str:
         f"{100 * result.new_test_users:.0f}% of their users ({100 * result.new_test_rows:.0f}% "
         "of the rows) absent from the first 80%.\n"
         f"Online AUC on the last 20%: {margins}.\n"
-        f"Ranking: {result.queries} held-back positives asked of the service"
+        f"Ranking: {result.queries} held-back positives asked of the service; the item was "
+        f"among its candidates in {100 * result.service_candidate_recall:.0f}% of them"
         f"{' (fallbacks: ' + fallbacks + ')' if fallbacks else ''}.\n"
         f"Offline epochs (valid AUC): "
         + ", ".join(f"{int(e['epoch'])}: {e['valid_auc']:.4f}" for e in result.offline_epochs)
@@ -65,7 +66,42 @@ def summary(result: EvalResult) -> str:
     )
 
 
-def markdown(result: EvalResult, k: int, command: str, plot: str | None) -> str:
+def method(result: EvalResult, cfg: EvalConfig) -> str:
+    """How the figures were made (part of the generated section, so it stays true)."""
+    return f"""\
+How: the dataset is replayed in event-time order (ratings sorted by
+(timestamp, user, item)) through the embedded deployment: the in-process
+event log (one partition), the real online trainer consuming it in batches of
+{cfg.batch_size} events, each batch scored *before* its training step
+(prequential, test-then-train), the signal feed and the service. Labels:
+rating >= 4 is positive, one weighted sample per rating (the trainer's label
+policy set by settings, see `app/evaluation/stream.py`). Features (the
+default schema): user, movie, first genre (category), all genres (tags),
+release decade (in the creator column), watched history (>= 3 stars),
+the movie's counters so far, hour of day. User demographics (`u.user`) are
+not used: no feature source reads user attributes yet.
+
+Rows: every model's "last 20%" figure is over the same {result.test_rows:,}
+rows (the last 20% of the {result.samples:,} labelled rows by (ts, user,
+item)). Popularity: smoothed positive rate of the movie over everything
+before the row; recent popularity: the same with counts decayed with a
+{cfg.half_life_days:g}-day half-life (event time). Offline Wide&Deep: the same
+features (as they stood at each rating), network and optimizers, trained in
+shuffled epochs on the first 70%, early-stopped on the next 10% (the last
+eighth of the first 80%); its test scores are those of the best validation
+epoch. Ranking: at {result.queries} sampled held-back positives (first
+rating >= 4 of a (user, movie) pair in the last 20% of events), just before
+the rating is replayed, `recommend` is asked for the user's top {cfg.k} with
+the service's clock at the rating's time (the network exported at most
+{cfg.export_every:,} events earlier); the baselines rank every movie by
+(decayed) positives, both excluding the movies the service excluded (the
+user's watched history)."""
+
+
+def markdown(
+    result: EvalResult, cfg: EvalConfig, command: str, plot: str | None
+) -> str:
+    k = cfg.k
     head = header(k)
     lines = [
         "| " + " | ".join(head) + " |",
@@ -78,6 +114,8 @@ def markdown(result: EvalResult, k: int, command: str, plot: str | None) -> str:
         *lines,
         "",
         summary(result).replace("\n", "\n\n"),
+        "",
+        method(result, cfg),
     ]
     if plot:
         parts += ["", f"![AUC over time]({plot})"]

@@ -148,6 +148,8 @@ class EvalResult:
     offline_epochs: list[dict[str, float]]
     offline_best_epoch: int
     queries: int
+    service_candidate_recall: float
+    """Share of queries whose item was among the service's candidates (any rank)."""
     service_fallbacks: dict[str, int]
     seconds: float
     online_seconds: float
@@ -264,8 +266,11 @@ class _Online:
 
     def _ask(self, service: Any, query: Query) -> None:
         self.now_s = query.ts / 1000.0
+        # Every candidate, ranked: the top k are the answer to a request for k, and
+        # the rest tell whether the item was retrieved at all.
+        everything = self.resources.settings.api.max_candidates
         response = service.recommender.recommend(
-            RecommendRequest(user_id=query.user, count=self.cfg.k)
+            RecommendRequest(user_id=query.user, count=everything)
         )
         query.rank = rank_of(query.video, [item.video_id for item in response.items])
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
@@ -431,6 +436,9 @@ def _result(
         offline_epochs=offline.epochs,
         offline_best_epoch=offline.best_epoch,
         queries=len(queries),
+        service_candidate_recall=(
+            sum(q.rank is not None for q in queries) / len(queries) if queries else math.nan
+        ),
         service_fallbacks=online.fallbacks,
         seconds=time.perf_counter() - started,
         online_seconds=online_seconds,
