@@ -298,6 +298,13 @@ class TrainerSettings(_Section):
     """Points the metrics time series keeps (memory ring / Redis stream MAXLEN)."""
     heartbeat_ttl_s: float = Field(15.0, gt=0)
     """A status heartbeat older than this means the trainer is gone."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """``vidrec train`` serves its Prometheus metrics on this port (0: off).
+
+    Embedded in ``vidrec up`` the service exposes them instead (the
+    component's ``metrics_registry``)."""
+    metrics_host: str = "0.0.0.0"
+    """Address the ``metrics_port`` listener binds."""
     # --- scale-out: several trainers in one group (trainer/distributed.py) ---
     group_sync: bool = False
     """Share per-partition progress and average the dense network with the other

@@ -20,7 +20,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, start_http_server
 
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries, open_timeseries
@@ -72,7 +72,20 @@ class TrainerComponent:
             log.exception("trainer thread failed")
 
     def run(self) -> None:
-        self.loop.run()
+        """Train in this thread; with ``trainer.metrics_port``, serve /metrics meanwhile."""
+        cfg = self.loop.cfg
+        server = None
+        if cfg.metrics_port:
+            server, _ = start_http_server(
+                cfg.metrics_port, addr=cfg.metrics_host, registry=self.metrics_registry
+            )
+            log.info("trainer metrics on http://%s:%d/", cfg.metrics_host, cfg.metrics_port)
+        try:
+            self.loop.run()
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         self.loop.request_stop()

@@ -176,3 +176,30 @@ def test_failed_export_does_not_stop_training(
     assert status["state"] == "stopped"
     assert "export failed" in (status["last_error"] or "")
     assert resources.registry.list_versions() == []
+
+
+def test_standalone_run_serves_prometheus_metrics(tmp_path: Path) -> None:
+    import threading
+
+    import httpx
+
+    from tests.services import free_port
+
+    port = free_port()
+    settings = trainer_settings(tmp_path, metrics_port=port, metrics_host="127.0.0.1")
+    world = SyntheticWorld(WORLD)
+    events = world.events(3_000)
+    with open_resources(settings) as resources:
+        seed(resources, world, events)
+        trainer = TrainerComponent(resources)
+        runner = threading.Thread(target=trainer.run)  # what `vidrec train` runs in main
+        runner.start()
+        try:
+            wait_until(lambda: trainer.status()["events_total"] >= 3_000, 60, "the stream")
+            wait_until(lambda: trainer.status()["metrics"].get("auc") is not None, 10, "metrics")
+            body = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        finally:
+            trainer.stop()
+            runner.join(30)
+    assert "vidrec_trainer_events_total 3000.0" in body
+    assert "vidrec_trainer_auc" in body
