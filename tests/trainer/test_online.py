@@ -203,3 +203,25 @@ def test_standalone_run_serves_prometheus_metrics(tmp_path: Path) -> None:
             runner.join(30)
     assert "vidrec_trainer_events_total 3000.0" in body
     assert "vidrec_trainer_auc" in body
+
+
+def test_training_keeps_histories_and_counters_current(tmp_path: Path) -> None:
+    """Each event reaches the activity store once, duplicates included in the log."""
+    settings = trainer_settings(tmp_path)
+    world = SyntheticWorld(WORLD)
+    events = world.events(4_000)
+    with open_resources(settings) as resources:
+        seed(resources, world, events)
+        resources.event_log.produce(events[:500])  # redelivered duplicates
+        trainer = TrainerComponent(resources)
+        trainer.start()
+        wait_until(lambda: trainer.status()["events_total"] >= 4_500, 60, "the stream")
+        trainer.stop()
+        videos = sorted({e.video_id for e in events})[:50]
+        stats = dict(zip(videos, resources.activity.video_stats(videos), strict=True))
+        for video in videos:
+            shown = sum(1 for e in events if e.video_id == video and e.type == "impression")
+            assert stats[video].impressions == shown, video
+        liked = next(e for e in events if e.type == "like")
+        (history,) = resources.activity.histories([liked.user_id])
+        assert liked.video_id in {h.video_id for h in history}
