@@ -164,6 +164,11 @@ class Server:
             time.sleep(0.2)
         raise TimeoutError("server not ready")
 
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time the server process has used so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=60)
@@ -304,10 +309,22 @@ def main() -> int:
             for b in requests
         ]
         run_load(port, given, 300, 1)  # warm: connections, caches, allocator
-        results["http_given_candidates_sequential"] = run_load(port, given, args.requests, 1)
-        results["http_given_candidates_2_clients"] = run_load(port, given, args.requests, 2)
+
+        def measured(bodies: list[bytes], clients: int) -> dict[str, Any]:
+            # Server CPU per request: steadier than wall time on a shared machine,
+            # and 1000 / it is what one worker could serve on a core of its own.
+            cpu_before = server.cpu_seconds()
+            result = run_load(port, bodies, args.requests, clients)
+            cpu_ms = (server.cpu_seconds() - cpu_before) * 1000 / result["requests"]
+            return result | {
+                "server_cpu_ms_per_request": round(cpu_ms, 3),
+                "requests_per_cpu_s": round(1000 / cpu_ms, 1) if cpu_ms else None,
+            }
+
+        results["http_given_candidates_sequential"] = measured(given, 1)
+        results["http_given_candidates_2_clients"] = measured(given, 2)
         run_load(port, retrieval, 200, 1)
-        results["http_retrieval_sequential"] = run_load(port, retrieval, args.requests, 1)
+        results["http_retrieval_sequential"] = measured(retrieval, 1)
     finally:
         server.stop()
     results["floor"] = floor(settings, requests, args.requests)
