@@ -1,0 +1,116 @@
+"""The group sync of several trainers (trainer/distributed.py), on a single Redis and a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis
+import torch
+from redis.cluster import RedisCluster
+from torch import nn
+
+from feature_store.errors import ConfigurationError
+from feature_store.eventlog.base import ConsumedEvent
+from feature_store.runtime import open_resources
+from feature_store.settings import Settings
+from tests.factories import make_event
+from trainer.distributed import GroupSync, dense_tensors, open_group_sync
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    if request.param == "redis":
+        c: redis.Redis = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    else:
+        c = RedisCluster.from_url(request.getfixturevalue("redis_cluster_url"))  # type: ignore[assignment]
+    yield c
+    c.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def consumed(partition: int, offsets: range) -> list[ConsumedEvent]:
+    return [
+        ConsumedEvent(make_event(event_id=f"p{partition}-{o}"), partition, o, 0) for o in offsets
+    ]
+
+
+def test_a_new_owner_skips_what_the_old_one_trained(client: redis.Redis) -> None:
+    old, new = GroupSync(client, "g", member="old"), GroupSync(client, "g", member="new")
+    old.trained(consumed(0, range(0, 10)) + consumed(1, range(0, 4)))
+    old.trained(consumed(0, range(5, 8)))  # never lowers the offset
+    # The partitions move (from the committed offsets, 6 and 0): the new owner
+    # drops what the old one pushed after its commit.
+    batch = consumed(0, range(6, 14)) + consumed(1, range(0, 6)) + consumed(2, range(0, 3))
+    kept = new.unclaimed(batch, list(range(len(batch))))
+    assert [(batch[i].partition, batch[i].offset) for i in kept] == [
+        (0, 10), (0, 11), (0, 12), (0, 13), (1, 4), (1, 5), (2, 0), (2, 1), (2, 2)
+    ]  # fmt: skip
+    assert new.skipped == len(batch) - len(kept)
+    assert new.unclaimed(batch, [0, 1]) == []  # only the indices asked about
+
+
+def test_members_average_their_dense_networks(client: redis.Redis) -> None:
+    clock = Clock()
+    nets = [nn.Linear(3, 2), nn.Linear(3, 2), nn.Linear(3, 2)]
+    for value, net in enumerate(nets):
+        for t in dense_tensors(net):
+            torch.nn.init.constant_(t, float(value))
+    syncs = [GroupSync(client, "g", member=f"m{i}", every_s=1.0, clock=clock) for i in range(3)]
+    assert not syncs[0].due()
+    clock.now += 1.0
+    assert syncs[0].due()
+    assert syncs[0].average(nets[0], samples=10) == 0  # alone so far: unchanged
+    assert float(nets[0].weight.sum()) == 0.0
+    assert syncs[1].average(nets[1], samples=10) == 1  # with m0: (0 + 1) / 2
+    assert torch.allclose(nets[1].weight, torch.full((2, 3), 0.5))
+    # Each member publishes before averaging: m2 sees m0's 0 and m1's 1.
+    assert syncs[2].average(nets[2], samples=10) == 2
+    assert torch.allclose(nets[2].bias, torch.full((2,), 1.0))
+    assert not syncs[2].due()
+
+
+def test_a_dead_member_drops_out_and_a_misshapen_one_is_ignored(client: redis.Redis) -> None:
+    clock = Clock()
+    a, b = nn.Linear(3, 2), nn.Linear(3, 2)
+    torch.nn.init.constant_(a.weight, 4.0)
+    torch.nn.init.constant_(b.weight, 0.0)
+    dead = GroupSync(client, "g", member="dead", every_s=1.0, clock=clock)
+    alive = GroupSync(client, "g", member="alive", every_s=1.0, clock=clock)
+    other = GroupSync(client, "g", member="other-shape", every_s=1.0, clock=clock)
+    dead.average(a, samples=1)
+    other.average(nn.Linear(4, 2), samples=1)
+    clock.now += 3.5  # three periods without a word from "dead"
+    other.average(nn.Linear(4, 2), samples=1)
+    assert alive.average(b, samples=1) == 0, "stale and misshapen peers are not averaged"
+    assert float(b.weight.abs().sum()) == 0.0
+    assert set(client.hkeys(alive.dense_key)) == {b"alive", b"other-shape"}  # stale deleted
+    alive.leave()
+    assert set(client.hkeys(alive.dense_key)) == {b"other-shape"}
+
+
+def test_group_sync_needs_redis_sparse_tables(tmp_path: object) -> None:
+    settings = Settings(data_dir=tmp_path, trainer={"group_sync": True})  # type: ignore[arg-type]
+    with open_resources(settings) as resources, pytest.raises(ConfigurationError):
+        open_group_sync(resources)
+
+
+def test_average_keeps_the_dtype_and_shapes(client: redis.Redis) -> None:
+    net = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    clock = Clock()
+    GroupSync(client, "g", member="twin", clock=clock).average(net, samples=0)
+    GroupSync(client, "g", member="me", clock=clock).average(net, samples=0)
+    for key, value in net.state_dict().items():
+        assert value.dtype == before[key].dtype and value.shape == before[key].shape
+        np.testing.assert_allclose(value.numpy(), before[key].numpy(), rtol=1e-6)
