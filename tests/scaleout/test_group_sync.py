@@ -71,7 +71,7 @@ def test_members_average_their_dense_networks(client: redis.Redis) -> None:
     clock.now += 1.0
     assert syncs[0].due()
     assert syncs[0].average(nets[0], samples=10) == 0  # alone so far: unchanged
-    assert float(nets[0].weight.sum()) == 0.0
+    assert float(nets[0].weight.detach().sum()) == 0.0
     assert syncs[1].average(nets[1], samples=10) == 1  # with m0: (0 + 1) / 2
     assert torch.allclose(nets[1].weight, torch.full((2, 3), 0.5))
     # Each member publishes before averaging: m2 sees m0's 0 and m1's 1.
@@ -93,7 +93,7 @@ def test_a_dead_member_drops_out_and_a_misshapen_one_is_ignored(client: redis.Re
     clock.now += 3.5  # three periods without a word from "dead"
     other.average(nn.Linear(4, 2), samples=1)
     assert alive.average(b, samples=1) == 0, "stale and misshapen peers are not averaged"
-    assert float(b.weight.abs().sum()) == 0.0
+    assert float(b.weight.detach().abs().sum()) == 0.0
     assert set(client.hkeys(alive.dense_key)) == {b"alive", b"other-shape"}  # stale deleted
     alive.leave()
     assert set(client.hkeys(alive.dense_key)) == {b"other-shape"}
