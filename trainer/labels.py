@@ -46,19 +46,22 @@ model read the label off a missing field.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from feature_store.events import Event, EventContext, EventType
 from feature_store.settings import TrainerSettings
 
+_IMPRESSION = EventType.IMPRESSION
 _POSITIVE = frozenset({EventType.FINISH, EventType.LIKE, EventType.SHARE})
 _NEGATIVE = frozenset({EventType.SKIP, EventType.DISLIKE})
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One labelled (user, video) moment, before feature lookup."""
+class Sample(NamedTuple):
+    """One labelled (user, video) moment, before feature lookup.
+
+    A named tuple rather than a dataclass: hundreds are made per batch, and
+    a tuple is built several times faster than a frozen dataclass.
+    """
 
     event: Event
     """The event that carries the label (a timed-out impression for its negative)."""
@@ -140,7 +143,7 @@ class Joiner:
             if pending is None:
                 pending = self._pending[partition] = OrderedDict()
             key = (event.user_id, event.video_id)
-            if event.type == EventType.IMPRESSION:
+            if event.type is _IMPRESSION:
                 contexts = self._contexts
                 contexts.pop(key, None)
                 contexts[key] = event.context
