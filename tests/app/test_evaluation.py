@@ -21,7 +21,7 @@ from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
 from app.evaluation.stream import load_stream, split_samples
 from feature_store.component import ScoredSamples
-from feature_store.errors import ConfigurationError
+from feature_store.errors import ConfigurationError, InvalidInput
 from tests.factories import write_movielens
 
 MIN_TS = 946_684_800_000
@@ -199,3 +199,35 @@ def test_redis_backends_replay_the_same_rows(movielens, redis_url: str) -> None:
         assert client.get("someone-elses-key") == b"1"
     finally:
         client.close()
+
+
+def test_movielens_latest_layout_is_read(tmp_path: Path) -> None:
+    directory = tmp_path / "ml-latest-small"
+    directory.mkdir()
+    (directory / "movies.csv").write_text(
+        "movieId,title,genres\n1,Toy Story (1995),Animation|Comedy\n2,Heat (1995),Action\n"
+    )
+    (directory / "ratings.csv").write_text(
+        "userId,movieId,rating,timestamp\n1,1,4.5,964982703\n1,2,2.0,964982931\n"
+    )
+    stream = load_stream(directory, "auto", MIN_TS)
+    assert [v.category for v in stream.videos] == ["animation", "action"]
+    assert stream.videos[0].tags == ("animation", "comedy")
+    assert stream.videos[0].creator_id == "decade-1990s"
+    assert stream.kind == "movielens" and len(stream.events) == 2 + 4  # impression + play...
+
+
+def test_parquet_needs_pyarrow_or_reads_events(tmp_path: Path) -> None:
+    path = tmp_path / "events.parquet"
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        path.write_bytes(b"PAR1")
+        with pytest.raises(InvalidInput, match="pyarrow"):
+            load_stream(path, "auto", MIN_TS)
+        return
+    table = pa.table({"event_id": ["e1"], "user_id": ["u"], "video_id": ["v"],
+                      "type": ["finish"], "ts": [MIN_TS + 10**9]})
+    pq.write_table(table, path)
+    assert [e.event_id for e in load_stream(path, "auto", MIN_TS).events] == ["e1"]
