@@ -77,6 +77,8 @@ _STAT_FIELDS = (
     "last_ts",
 )
 _stat_row = attrgetter(*_STAT_FIELDS)
+_fingerprint = attrgetter("creator_id", "category", "tags", "duration_ms", "uploaded_at")
+"""The catalog fields video-level features read (besides the id, the cache key)."""
 _CACHE_MAX = 200_000
 
 
@@ -97,6 +99,7 @@ class _VideoTable:
     def clear(self, capacity: int = 1024) -> None:
         self.row_of: dict[str, int] = {}
         self.videos: list[Video] = []
+        self.fingerprints: list[tuple[object, ...]] = []
         self.categorical = np.zeros((capacity, self.n_categorical), dtype=np.uint64)
         self.numbers = np.zeros((capacity, 2), dtype=np.float64)
         self.multi = {
@@ -116,6 +119,7 @@ class _VideoTable:
                 self.multi[n] = np.concatenate([self.multi[n], np.zeros_like(self.multi[n][:grow])])
                 self.multi_len[n] = np.concatenate([self.multi_len[n], np.zeros(grow, np.int64)])
         self.videos.append(video)
+        self.fingerprints.append(_fingerprint(video))
         self.row_of[video.video_id] = row
         self.categorical[row] = categorical
         self.numbers[row] = (video.uploaded_at, video.duration_ms)
@@ -281,7 +285,10 @@ class RequestFeatureExtractor(FeatureExtractor):
             if all(map(is_, known, videos)):  # the usual case: same records as last time
                 return np.fromiter(rows, np.int64, len(rows))
         for i, (row, video) in enumerate(zip(rows, videos, strict=True)):
-            if row < 0 or (cached[row] is not video and cached[row] != video):
+            # Redis hands out new objects: compare the fields features read, not the object.
+            if row < 0 or (
+                cached[row] is not video and table.fingerprints[row] != _fingerprint(video)
+            ):
                 rows[i] = self._add(video)
         return np.fromiter(rows, np.int64, len(rows))
 

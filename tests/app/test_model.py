@@ -179,3 +179,20 @@ def test_service_hot_swaps_over_http(client: TestClient) -> None:
     assert got["items"][0]["video_id"] == "hs1"
     metrics = client.get("/metrics").text
     assert "vidrec_model_swaps_total 2.0" in metrics
+
+
+def test_request_features_follow_a_changed_catalog_record() -> None:
+    extractor = RequestFeatureExtractor(SCHEMA)
+    video = make_video(video_id="chg", category="news", tags=("a",))
+    args = ("u1", 1_700_000_000_000, EventContext(), [])
+    first = extractor.extract_request(*args, [video], [VideoStats()])
+    same = extractor.extract_request(*args, [video.model_copy()], [VideoStats()])  # equal copy
+    np.testing.assert_array_equal(same.table_keys["category"], first.table_keys["category"])
+    changed = video.model_copy(update={"category": "sport", "tags": ("b", "c")})
+    got = extractor.extract_request(*args, [changed], [VideoStats()])
+    want = FeatureExtractor(SCHEMA).extract(
+        [FeatureRow("u1", "chg", 1_700_000_000_000, changed, EventContext(), (), VideoStats())]
+    )
+    np.testing.assert_array_equal(got.table_keys["category"], want.table_keys["category"])
+    np.testing.assert_array_equal(got.table_keys["tags"], want.table_keys["tags"])
+    np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
