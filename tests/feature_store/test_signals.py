@@ -111,7 +111,10 @@ def test_memory_snapshot_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 def test_redis_down_is_store_unavailable() -> None:
-    client = redis.Redis(port=1, socket_connect_timeout=0.2)
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     signals = RedisSignals(client, PARAMS)
     with pytest.raises(StoreUnavailable):
         signals.trending(5)
