@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 DOC_SECTION = "Quality (MovieLens 100K)"
 
 
-def add_eval_arguments(p: argparse.ArgumentParser) -> None:
+def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("dataset", help="MovieLens directory (ml-100k or ratings.csv layout), "
                    "or a CSV / Parquet file of events")
     p.add_argument("--format", default="auto", choices=["auto", "movielens", "csv", "parquet"])
@@ -35,6 +35,19 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc", default=None,
                    help=f"rewrite the '## {DOC_SECTION}' section of this markdown file")
     p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``vidrec eval`` command that reproduces ``args`` (options left at their default
+    omitted), for the docs."""
+    defaults = vars(add_eval_arguments(argparse.ArgumentParser()).parse_args([args.dataset]))
+    parts = ["vidrec", "eval", args.dataset]
+    for name, value in vars(args).items():
+        if name in defaults and name != "dataset" and value != defaults[name]:
+            flag = "--" + name.replace("_", "-")
+            parts += [flag] if value is True else [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -71,9 +84,7 @@ def run_eval(args: argparse.Namespace) -> int:
                 link = str(png.resolve().relative_to(doc.resolve().parent))
             except ValueError:
                 link = str(png)
-        command = "vidrec " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(
-            sys.argv) > 2 else "vidrec eval"
-        section = markdown(result, cfg, command, link)
+        section = markdown(result, cfg, command_line(args), link)
         doc.write_text(replace_section(doc.read_text(), DOC_SECTION, section))
         log.info("rewrote '## %s' in %s", DOC_SECTION, doc)
     return 0

@@ -103,6 +103,7 @@ def test_cli_prints_table_writes_plot_and_doc_section(movielens, tmp_path, capsy
     text = doc.read_text()
     assert "kept" in text and "old" not in text
     assert "| online Wide&Deep |" in text and "![AUC over time](auc.png)" in text
+    assert f"Command: `vidrec eval {movielens[0]} --queries 5 --windows 4 --epochs 1" in text
 
 
 def test_events_csv_runs_with_the_default_label_policy(tmp_path: Path) -> None:
