@@ -100,7 +100,8 @@ def translate_pydantic_error(exc: PydanticValidationError, prefix: str = "") -> 
     if first["type"] == "extra_forbidden":
         message = "unknown field"
     elif first["type"] == "enum":
-        message = f"unknown value {first.get('input')!r}; expected one of {first['ctx']['expected']}"
+        expected = first["ctx"]["expected"]
+        message = f"unknown value {first.get('input')!r}; expected one of {expected}"
     else:
         message = first["msg"]
     return InvalidInput(f"{prefix}{field}", message)

@@ -20,7 +20,6 @@ Columns whose source this module does not know fall back to the generic path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 from operator import attrgetter, is_, itemgetter
 
 import numpy as np
@@ -36,6 +35,7 @@ from feature_store.features.columns import (
     FeatureRow,
     MultiValued,
 )
+from feature_store.features.dense import DENSE_SOURCES, DenseInputs, dense_matrix, stats_matrix
 from feature_store.features.extract import BatchFeatures, FeatureExtractor, Indices
 from feature_store.features.keys import Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
@@ -54,29 +54,6 @@ VIDEO_CATEGORICAL = {"video_id", "creator_id", "category", "duration_bucket"}
 """Categorical sources that depend only on the catalog record."""
 REQUEST_MULTI = {"history_videos"}
 VIDEO_MULTI = {"tags"}
-VECTOR_DENSE = {
-    "video_age_log_hours",
-    "duration_log_s",
-    "log_engagements",
-    "log_impressions",
-    "finish_rate",
-    "like_rate",
-    "skip_rate",
-    "history_length_log",
-    "recency_log_hours",
-}
-
-_STAT_FIELDS = (
-    "impressions",
-    "plays",
-    "finishes",
-    "likes",
-    "shares",
-    "skips",
-    "dislikes",
-    "last_ts",
-)
-_stat_row = attrgetter(*_STAT_FIELDS)
 _fingerprint = attrgetter("creator_id", "category", "tags", "duration_ms", "uploaded_at")
 """The catalog fields video-level features read (besides the id, the cache key)."""
 _CACHE_MAX = 200_000
@@ -137,7 +114,7 @@ class RequestFeatureExtractor(FeatureExtractor):
         self.vectorised = (
             all(c.source in REQUEST_CATEGORICAL | VIDEO_CATEGORICAL for c in schema.categorical)
             and all(c.source in REQUEST_MULTI | VIDEO_MULTI for c in schema.multi_valued)
-            and all(c.source in VECTOR_DENSE for c in schema.dense)
+            and all(c.source in DENSE_SOURCES for c in schema.dense)
         )
         self._video_columns = [c for c in schema.categorical if c.source in VIDEO_CATEGORICAL]
         self._video_multi = [c for c in schema.multi_valued if c.source in VIDEO_MULTI]
@@ -312,29 +289,11 @@ class RequestFeatureExtractor(FeatureExtractor):
         stats: Sequence[VideoStats],
     ) -> npt.NDArray[np.float32]:
         batch = len(numbers)
-        uploaded, duration = numbers[:, 0], numbers[:, 1]
-        width = len(_STAT_FIELDS)
-        flat = chain.from_iterable(map(_stat_row, stats))
-        table = np.fromiter(flat, np.float64, batch * width).reshape(batch, width)
-        s = {name: table[:, j] for j, name in enumerate(_STAT_FIELDS)}
-        engagements = s["plays"] + s["finishes"] + s["likes"] + s["shares"]
-        hours = np.maximum(0.0, (ts_ms - s["last_ts"]) / 3_600_000)
-        values = {
-            "video_age_log_hours": lambda: np.log1p(
-                np.maximum(0.0, (ts_ms - uploaded) / 3_600_000)
-            ),
-            "duration_log_s": lambda: np.log1p(duration / 1000),
-            "log_engagements": lambda: np.log1p(engagements),
-            "log_impressions": lambda: np.log1p(s["impressions"]),
-            "finish_rate": lambda: (s["finishes"] + 0.5) / (s["plays"] + 1.0),
-            "like_rate": lambda: (s["likes"] + s["shares"] + 0.1) / (s["plays"] + 1.0),
-            "skip_rate": lambda: (
-                (s["skips"] + s["dislikes"] + 0.1) / (s["impressions"] + s["plays"] + 1.0)
-            ),
-            "history_length_log": lambda: np.full(batch, np.log1p(len(history))),
-            "recency_log_hours": lambda: np.where(s["last_ts"] > 0, np.log1p(hours), 10.0),
-        }
-        out = np.empty((batch, len(self.schema.dense)), dtype=np.float32)
-        for j, col in enumerate(self.schema.dense):
-            out[:, j] = values[col.source]()
-        return out
+        inputs = DenseInputs(
+            ts_ms=np.full(batch, float(ts_ms)),
+            uploaded_at=numbers[:, 0],
+            duration_ms=numbers[:, 1],
+            stats=stats_matrix(stats),
+            history_len=np.full(batch, float(len(history))),
+        )
+        return dense_matrix(self.schema.dense, inputs)

@@ -11,7 +11,7 @@ keys and index tensors. Four kinds:
 - :class:`Crossed`: a product of categorical columns (user x category), wide
   part only; memorises co-occurrences the deep part generalises over.
 - :class:`Dense`: a numeric feature (video age, duration, log popularity),
-  already scaled to roughly 0..10 by its transform.
+  computed column-wise by :mod:`feature_store.features.dense`.
 
 Values come from *sources*: named functions of a :class:`FeatureRow`. Naming
 them (instead of holding lambdas) keeps the schema serialisable, so its hash
@@ -75,10 +75,6 @@ def _duration_bucket(row: FeatureRow) -> str:
     return str(int(math.log2(row.video.duration_ms / 1000 + 1)))
 
 
-def _hours_since(ms: int, now_ms: int) -> float:
-    return max(0.0, (now_ms - ms) / 3_600_000)
-
-
 CATEGORICAL_SOURCES: dict[str, Callable[[FeatureRow], str]] = {
     "user_id": lambda r: r.user_id,
     "video_id": lambda r: r.video_id,
@@ -97,24 +93,6 @@ MULTI_SOURCES: dict[str, Callable[[FeatureRow], list[str]]] = {
     "tags": lambda r: list(r.video.tags) if r.video else [],
     "history_videos": lambda r: [h.video_id for h in r.history],
 }
-
-DENSE_SOURCES: dict[str, Callable[[FeatureRow], float]] = {
-    "video_age_log_hours": lambda r: (
-        math.log1p(_hours_since(r.video.uploaded_at, r.ts_ms)) if r.video else 0.0
-    ),
-    "duration_log_s": lambda r: math.log1p(r.video.duration_ms / 1000) if r.video else 0.0,
-    "log_engagements": lambda r: math.log1p(r.stats.engagements),
-    "log_impressions": lambda r: math.log1p(r.stats.impressions),
-    "finish_rate": lambda r: (r.stats.finishes + 0.5) / (r.stats.plays + 1.0),
-    "like_rate": lambda r: (r.stats.likes + r.stats.shares + 0.1) / (r.stats.plays + 1.0),
-    "skip_rate": lambda r: (r.stats.skips + r.stats.dislikes + 0.1)
-    / (r.stats.impressions + r.stats.plays + 1.0),
-    "history_length_log": lambda r: math.log1p(len(r.history)),
-    "recency_log_hours": lambda r: (
-        math.log1p(_hours_since(r.stats.last_ts, r.ts_ms)) if r.stats.last_ts else 10.0
-    ),
-}
-
 
 # --- columns --------------------------------------------------------------
 

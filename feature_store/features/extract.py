@@ -24,11 +24,11 @@ import numpy.typing as npt
 
 from feature_store.features.columns import (
     CATEGORICAL_SOURCES,
-    DENSE_SOURCES,
     MULTI_SOURCES,
     FeatureRow,
     MultiValued,
 )
+from feature_store.features.dense import dense_matrix, inputs_from_rows
 from feature_store.features.keys import KeyHasher, Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
 
@@ -68,7 +68,6 @@ class FeatureExtractor:
         self.schema = schema
         self._hashers: dict[str, KeyHasher] = {}
         self._wide_hashers: dict[str, KeyHasher] = {}
-        self._dense_fns = [DENSE_SOURCES[c.source] for c in schema.dense]
 
     def _hasher(self, space: str) -> KeyHasher:
         hasher = self._hashers.get(space)
@@ -87,13 +86,12 @@ class FeatureExtractor:
             multi_source = MULTI_SOURCES[multi.source]
             lists = [multi_source(r)[: multi.max_len] for r in rows]
             lengths[multi.name] = np.fromiter(map(len, lists), np.int64, batch)
-            raw[multi.name] = self._hasher(multi.space()).hash_many(list(chain.from_iterable(lists)))
+            flat = list(chain.from_iterable(lists))
+            raw[multi.name] = self._hasher(multi.space()).hash_many(flat)
 
         table_keys, column_indices = self._index_tables(batch, raw, lengths)
         wide_keys, wide_indices = self._index_wide(batch, raw)
-        dense = np.array(
-            [[fn(r) for fn in self._dense_fns] for r in rows], dtype=np.float32
-        ).reshape(batch, len(self._dense_fns))
+        dense = dense_matrix(self.schema.dense, inputs_from_rows(rows))
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
 
     def _index_tables(

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass
 
 from feature_store.features.columns import (
     CATEGORICAL_SOURCES,
-    DENSE_SOURCES,
     MULTI_SOURCES,
     Categorical,
     Column,
@@ -21,6 +20,7 @@ from feature_store.features.columns import (
     Dense,
     MultiValued,
 )
+from feature_store.features.dense import DENSE_SOURCES
 from feature_store.settings import FeatureSettings
 
 WIDE_TABLE = "wide"
