@@ -171,7 +171,7 @@ def main() -> int:
         "event_to_served_row": pct(rows_s),
         "event_to_candidate_signals": pct(signals_s),
         "trainer_batch_max_wait_ms": settings.trainer.max_wait_ms,
-        "hot_row_cache_ttl_ms": reads.enabled and settings.api.hot_row_cache_ttl_ms,
+        "hot_row_cache_ttl_ms": settings.api.hot_row_cache_ttl_ms if reads.enabled else 0,
         "trainer_events_total": trainer_status.get("events_total"),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
