@@ -26,7 +26,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="held-back positives asked of the service (last 20%%)")
     p.add_argument("--k", type=int, default=20, help="cut-off of recall and NDCG")
     p.add_argument("--windows", type=int, default=20, help="time windows of the AUC curve")
-    p.add_argument("--batch-size", type=int, default=256, help="events per online step")
+    p.add_argument("--batch-size", type=int, default=32, help="events per online step")
     p.add_argument("--epochs", type=int, default=10, help="most offline epochs")
     p.add_argument("--limit", type=int, default=None, help="at most this many events")
     p.add_argument("--seed", type=int, default=0)
@@ -44,7 +44,7 @@ def command_line(args: argparse.Namespace) -> str:
     defaults = vars(add_eval_arguments(argparse.ArgumentParser()).parse_args([args.dataset]))
     parts = ["vidrec", "eval", args.dataset]
     for name, value in vars(args).items():
-        if name in defaults and name != "dataset" and value != defaults[name]:
+        if name in defaults and name not in ("dataset", "json") and value != defaults[name]:
             flag = "--" + name.replace("_", "-")
             parts += [flag] if value is True else [flag, str(value)]
     return " ".join(shlex.quote(p) for p in parts)

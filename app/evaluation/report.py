@@ -48,13 +48,22 @@ def summary(result: EvalResult) -> str:
     online = result.models[0]
     others = result.models[1:]
     margins = ", ".join(f"{online.auc_test - m.auc_test:+.4f} vs {m.name}" for m in others)
+    popular = [m for m in others if "popularity" in m.name]
+    offline = [m for m in others if m.name.startswith("offline")]
+    met = all(online.auc_test >= m.auc_test + 0.03 for m in popular) and all(
+        online.auc_test >= m.auc_test for m in offline
+    )
+    goal = (f"goal (+0.03 over both popularity baselines, at or above offline) "
+            f"{'met' if met else 'missed'}")
     fallbacks = ", ".join(f"{k}: {v}" for k, v in sorted(result.service_fallbacks.items()))
     return (
         f"{result.events:,} events, {result.samples:,} labelled rows (positive rate "
         f"{result.positive_rate:.3f}); last 20%: {result.test_rows:,} rows, "
         f"{100 * result.new_test_users:.0f}% of their users ({100 * result.new_test_rows:.0f}% "
         "of the rows) absent from the first 80%.\n"
-        f"Online AUC on the last 20%: {margins}.\n"
+        f"Online AUC on the last 20%: {margins}; {goal}. AUC on the first 80% (where "
+        f"settings may be tuned): online {online.auc_fit:.4f}, "
+        + ", ".join(f"{m.name} {m.auc_fit:.4f}" for m in popular) + ".\n"
         f"Ranking: {result.queries} held-back positives asked of the service; the item was "
         f"among its candidates in {100 * result.service_candidate_recall:.0f}% of them"
         f"{' (fallbacks: ' + fallbacks + ')' if fallbacks else ''}.\n"

@@ -82,8 +82,13 @@ class EvalConfig:
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None
     """Scratch Redis database for ``backend="redis"`` (must be empty: the eval writes there)."""
-    batch_size: int = 256
-    """Events per online training step."""
+    batch_size: int = 32
+    """Events per online training step (about 11 MovieLens ratings).
+
+    Chosen on the first 80% only (prequential AUC there, ml-100k): 256
+    events 0.723, 128 0.735, 64 0.746, 32 0.752, 16 0.756 at 2.5x the time
+    of 32. The production trainer's default (1024) trades this for
+    throughput; here each user's first ratings matter most."""
     queries: int = 500
     """Held-back positives asked of the live service (sampled from the last 20%)."""
     k: int = 20
