@@ -52,6 +52,8 @@ def translate_validation_error(exc: RequestValidationError) -> InvalidInput:
         reason = first.get("ctx", {}).get("error", "invalid JSON")
         return InvalidInput("body", f"malformed JSON: {reason}")
     field = ".".join(loc[1:] if loc and loc[0] == "body" else loc) or "body"
+    if field == "body" and kind in ("model_attributes_type", "dict_type", "model_type"):
+        return InvalidInput("body", "expected a JSON object (Content-Type: application/json)")
     if kind == "extra_forbidden":
         return InvalidInput(field, "unknown field")
     if kind == "missing":

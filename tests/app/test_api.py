@@ -114,6 +114,14 @@ def test_bad_recommend_requests_are_4xx_naming_the_field(
     assert response.json()["error"] == "InvalidInput"
 
 
+def test_body_without_json_content_type_is_422_saying_so(client: TestClient) -> None:
+    response = client.post(
+        "/v1/recommend", content=b'{"user_id": "u1"}', headers={"content-type": "text/plain"}
+    )
+    assert response.status_code == 422
+    assert "application/json" in response.json()["message"]
+
+
 def test_too_many_candidates_is_4xx(client: TestClient) -> None:
     body = {"user_id": "u1", "candidates": [f"v{i}" for i in range(501)]}
     response = client.post("/v1/recommend", json=body)
@@ -334,6 +342,6 @@ def test_restart_keeps_catalog_signals_and_model(tmp_path: Any) -> None:
         sources = {i["video_id"]: i["source"] for i in body["items"]}
         assert "keep0" not in sources  # the history survived: still seen
         assert sources["keep1"] == "trending"  # the signals survived
-        assert 'vidrec_request_seconds_count{route="/v1/recommend"} 1.0' in second.get(
-            "/metrics"
-        ).text
+        assert (
+            'vidrec_request_seconds_count{route="/v1/recommend"} 1.0' in second.get("/metrics").text
+        )
