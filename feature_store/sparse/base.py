@@ -6,7 +6,8 @@ a small temporary matrix, trains on it, and pushes one gradient row per key;
 the table applies its per-key optimizer. Serving pulls weights only.
 
 Backends beside this file: ``memory`` (numpy, the embedded default,
-snapshotted to disk) and ``redis`` (binary float32 values, pipelined).
+snapshotted to disk), ``redis`` (binary float32 values, pipelined) and
+``cluster`` (the same on Redis Cluster, rows in hash-tag buckets).
 
 Semantics shared by every backend (the same tests run against each):
 

@@ -48,8 +48,9 @@ pipeline costs more than the network and Redis together.
 
 The client is the caller's: the table borrows connections from its pool and
 closes it only if it was handed ``owns_client=True`` (see
-:func:`feature_store.sparse.factory.connect_redis`). Redis Cluster is not
-supported (a chunk's keys span slots). Every redis-py error, including
+:func:`feature_store.sparse.factory.connect_redis`). On Redis Cluster a
+chunk's keys would span slots: :mod:`feature_store.sparse.cluster` keeps the
+same commands per hash-tag bucket instead. Every redis-py error, including
 connection refused and timeouts, surfaces as ``SparseTableUnavailable``; the
 connection it happened on is dropped so no half-read reply is reused.
 
@@ -187,7 +188,7 @@ class RedisSparseTable:
         if not isinstance(client, redis.Redis):
             raise ConfigurationError(
                 f"RedisSparseTable needs a redis.Redis client, got {type(client).__name__} "
-                "(Redis Cluster is not supported by the sparse tables)"
+                "(for Redis Cluster, ClusterSparseTable)"
             )
         if client.get_connection_kwargs().get("decode_responses"):
             raise ConfigurationError("the sparse tables need a client with decode_responses=False")
