@@ -33,7 +33,10 @@ aborted whole), so the table refreshes its slot map and resends only the
 refused buckets, up to three times with a short pause; after that the
 batch fails with ``SparseTableUnavailable`` and the trainer retries it.
 Buckets already written are not written again, so a retry never applies a
-gradient twice.
+gradient twice. A node that fails outright (connection refused, timeout)
+fails the whole push after the other nodes may have applied their buckets;
+the trainer retries the batch and those buckets take its gradient twice, as
+the tables pushed before a failure do on a single Redis.
 
 ``stats``, ``export`` and ``clear`` ``SCAN`` each primary; ``load`` writes
 with plain ``SET``\\ s grouped per node. Replicas are never read.
