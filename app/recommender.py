@@ -9,6 +9,8 @@ Fallbacks (``fallback: true`` in the response, counted by reason):
 - ``unknown_user``: no history, so the personal sources are skipped and the
   candidates are trending and fresh uploads (still ranked by the model);
 - ``no_model``: no version loaded yet; candidates keep their source order;
+- ``error``: an unexpected exception (a bug) while answering: logged with its
+  traceback, answered like ``degraded``;
 - ``degraded``: a backend (Redis, the sparse tables) failed mid-request; the
   answer comes from an in-process popular list refreshed every few seconds
   while the backends were up (:class:`PopularList`), never a 500. Nothing
@@ -142,6 +144,9 @@ class Recommender:
         except BACKEND_ERRORS as exc:
             log.warning("recommend degraded: %s", exc)
             response = self._degraded(request, count, model)
+        except Exception:  # a bug must cost quality, not the caller's page
+            log.exception("recommend failed; answering from the popular list")
+            response = self._degraded(request, count, model, reason="error")
         if response.fallback_reason is not None:
             self.metrics.fallbacks.labels(response.fallback_reason).inc()
         self.metrics.observe_stage("total", time.perf_counter() - started)
@@ -212,7 +217,11 @@ class Recommender:
         )
 
     def _degraded(
-        self, request: RecommendRequest, count: int, model: LoadedModel | None
+        self,
+        request: RecommendRequest,
+        count: int,
+        model: LoadedModel | None,
+        reason: str = "degraded",
     ) -> RecommendResponse:
         """Popular videos from memory (or the caller's candidates in their order)."""
         if request.candidates is not None:
@@ -231,7 +240,7 @@ class Recommender:
             model_version=model.version if model else None,
             items=items,
             fallback=True,
-            fallback_reason="degraded",
+            fallback_reason=reason,
             degraded=True,
         )
 

@@ -56,9 +56,9 @@ class RecommendResponse(BaseModel):
     fallback: bool = False
     """True when the normal path could not be used (see ``fallback_reason``)."""
     fallback_reason: str | None = None
-    """``unknown_user``, ``no_model`` or ``degraded`` (a backend is down)."""
+    """``unknown_user``, ``no_model``, ``degraded`` (a backend is down) or ``error``."""
     degraded: bool = False
-    """True when a backend failed and the items come from an in-process popular list."""
+    """True when the items come from the in-process popular list (backend down or error)."""
 
 
 class EventBatch(_Request):

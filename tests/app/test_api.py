@@ -345,3 +345,21 @@ def test_restart_keeps_catalog_signals_and_model(tmp_path: Any) -> None:
         assert (
             'vidrec_request_seconds_count{route="/v1/recommend"} 1.0' in second.get("/metrics").text
         )
+
+
+def test_a_scoring_bug_is_a_fallback_not_a_500(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_model(client)
+    put_videos(client, [video_json(video_id=f"b{i}") for i in range(3)])
+    service = service_of(client)
+    wait_for(lambda: len(service.popular.items) == 3)
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(service.scorer, "score", broken)
+    response = client.post("/v1/recommend", json={"user_id": "u1"})
+    assert response.status_code == 200
+    assert response.json()["fallback_reason"] == "error"
+    assert len(response.json()["items"]) == 3
