@@ -33,6 +33,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from feature_store.catalog.base import Video
 from feature_store.catalog.memory import read_snapshot, write_snapshot
@@ -55,7 +56,7 @@ def store_errors(operation: str) -> Iterator[None]:
     """
     try:
         yield
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:  # the latter: no node answers
         raise StoreUnavailable(f"{operation} failed: {exc}") from exc
 
 

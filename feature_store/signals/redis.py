@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
@@ -41,7 +42,7 @@ def signal_errors(operation: str) -> Iterator[None]:
     """Translate redis-py failures into :class:`StoreUnavailable`."""
     try:
         yield
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:  # the latter: no node answers
         raise StoreUnavailable(f"signals {operation} failed: {exc}") from exc
 
 

@@ -57,6 +57,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import AbstractConnection
 from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 
 from feature_store.constants import (
     REDIS_ROOT,
@@ -191,7 +192,7 @@ class ClusterSparseTable:
             pending = refused
             try:
                 self._client.nodes_manager.initialize()
-            except (redis.RedisError, OSError) as exc:
+            except (redis.RedisError, RedisClusterException, OSError) as exc:
                 raise SparseTableUnavailable(f"{self._what}: slot map refresh: {exc}") from exc
             if attempt < len(_PAUSE_S):
                 time.sleep(_PAUSE_S[attempt])
@@ -236,7 +237,7 @@ class ClusterSparseTable:
                         results[i] = self._read(conn, counts[i], transaction)
                     except _Refused:
                         refused.append(i)
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
             for _, conn in held:
                 conn.disconnect()
             raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
@@ -426,7 +427,7 @@ class ClusterSparseTable:
         """Row count by SCAN of every primary (see :mod:`.redis` for its cost)."""
         try:
             rows = len(self._scan_keys())
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
             raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
         return TableStats(
             rows=rows,
@@ -439,7 +440,7 @@ class ClusterSparseTable:
         """Every row with its state and update time (from its remaining TTL)."""
         try:
             all_keys = self._scan_keys()
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
             raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
         key_parts, weight_parts, state_parts, updated_parts = [], [], [], []
         for start in range(0, len(all_keys), self._chunk):
@@ -532,7 +533,7 @@ class ClusterSparseTable:
                     for name in names:  # one key per UNLINK: names span slots
                         pipe.unlink(name)
                     pipe.execute()
-        except (redis.RedisError, OSError) as exc:
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
             raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
 
     def close(self) -> None:
