@@ -23,6 +23,7 @@ class Progress:
         self.started = time.monotonic()
         self._drawn = 0.0
         self._decile = -1
+        self._drawn_done = -1
 
     def update(self, n: int) -> None:
         self.done += n
@@ -48,12 +49,14 @@ class Progress:
         )
 
     def _draw(self, now: float) -> None:
+        self._drawn_done = self.done
         self.out.write(("\r" if self.tty else "") + self.line(now) + ("" if self.tty else "\n"))
         self.out.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self._draw(time.monotonic())
+            if self._drawn_done != self.done:
+                self._draw(time.monotonic())
             if self.tty:
                 self.out.write("\n")
             self.out.flush()
