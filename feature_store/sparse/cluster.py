@@ -263,7 +263,7 @@ class ClusterSparseTable:
         if transaction:
             result = replies[-1]
             if any(isinstance(e, _REDIRECTS) for e in errors):
-                return _raise_refused()  # EXECABORT: nothing of this bucket was applied
+                raise _Refused  # EXECABORT: nothing of this bucket was applied
             if errors:
                 raise errors[0]  # type: ignore[misc]
             if not isinstance(result, list):
@@ -273,7 +273,7 @@ class ClusterSparseTable:
                     raise item
             return result
         if any(isinstance(e, _REDIRECTS) for e in errors):
-            return _raise_refused()
+            raise _Refused
         if errors:
             raise errors[0]  # type: ignore[misc]
         return replies
@@ -554,7 +554,3 @@ class ClusterSparseTable:
 
     def __repr__(self) -> str:
         return f"ClusterSparseTable({self.model!r}/{self.spec.name!r}, dim={self.spec.dim})"
-
-
-def _raise_refused() -> list[object]:
-    raise _Refused
