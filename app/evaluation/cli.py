@@ -13,6 +13,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 DOC_SECTION = "Quality (MovieLens 100K)"
+_NOT_FIGURES = ("dataset", "json", "no_progress")
+"""Options that do not change the figures, left out of the recorded command."""
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -44,7 +46,7 @@ def command_line(args: argparse.Namespace) -> str:
     defaults = vars(add_eval_arguments(argparse.ArgumentParser()).parse_args([args.dataset]))
     parts = ["vidrec", "eval", args.dataset]
     for name, value in vars(args).items():
-        if name in defaults and name not in ("dataset", "json") and value != defaults[name]:
+        if name in defaults and name not in _NOT_FIGURES and value != defaults[name]:
             flag = "--" + name.replace("_", "-")
             parts += [flag] if value is True else [flag, str(value)]
     return " ".join(shlex.quote(p) for p in parts)
