@@ -25,6 +25,19 @@ ID_CHARSET = re.compile(r"^[A-Za-z0-9_.:@/+=-]+$")
 """Characters allowed in ids: URL- and log-safe, no spaces or control bytes."""
 ID_CHARSET_TEXT = "letters, digits and _.:@/+=-"
 
+_ID_CHARS = r"[A-Za-z0-9_.:@/+=-]+"
+_ID = re.compile(_ID_CHARS)
+"""One id, used with ``fullmatch``: unlike ``ID_CHARSET.match``, whose ``$`` also
+matches before a final newline, it refuses an id that ends in ``\\n``."""
+_THREE_IDS = re.compile(f"{_ID_CHARS} {_ID_CHARS} {_ID_CHARS}")
+"""``event_id user_id video_id`` joined by spaces, used with ``fullmatch``.
+
+A space is outside the charset, so the joined string matches exactly when
+each of the three ids is non-empty and made of allowed characters: one
+regex call instead of three on the decode path (the stream consumer checks
+every record). When it does not match, :func:`check_id` runs per field to
+name the one that failed."""
+
 _HARD_MAX = 1024
 """Absolute bound on any string before the configurable limits are checked."""
 
@@ -58,6 +71,12 @@ class EventContext(BaseModel):
     """Where in the product: ``home``, ``search``, ``related``..."""
     position: int | None = Field(None, ge=0, le=10_000)
     """Rank at which the video was shown (0 = first)."""
+    # Profile facts a client may know about its signed-in user, sent like
+    # ``country``; read as features only when ``features.user_attributes`` is on.
+    age_group: str | None = Field(None, max_length=16)
+    """Age bracket, e.g. ``25-34``."""
+    gender: str | None = Field(None, max_length=16)
+    occupation: str | None = Field(None, max_length=32)
 
 
 class Event(BaseModel):
@@ -141,9 +160,17 @@ class EventValidator:
     def check(self, event: Event, now_ms: int | None = None) -> None:
         """Apply the configured limits to a structurally valid event."""
         limits = self.limits
-        check_id("event_id", event.event_id, limits.max_id_length)
-        check_id("user_id", event.user_id, limits.max_id_length)
-        check_id("video_id", event.video_id, limits.max_id_length)
+        max_id = limits.max_id_length
+        event_id, user_id, video_id = event.event_id, event.user_id, event.video_id
+        if not (
+            len(event_id) <= max_id
+            and len(user_id) <= max_id
+            and len(video_id) <= max_id
+            and _THREE_IDS.fullmatch(f"{event_id} {user_id} {video_id}")
+        ):  # the slow path names the first failing field, in field order
+            check_id("event_id", event_id, max_id)
+            check_id("user_id", user_id, max_id)
+            check_id("video_id", video_id, max_id)
         if event.recommendation_id is not None:
             check_id("recommendation_id", event.recommendation_id, limits.max_id_length)
         if event.model_version is not None:
@@ -167,7 +194,7 @@ def check_id(field: str, value: str, max_length: int) -> None:
         raise InvalidInput(field, "must not be empty")
     if len(value) > max_length:
         raise InvalidInput(field, f"longer than {max_length} characters")
-    if not ID_CHARSET.match(value):
+    if not _ID.fullmatch(value):
         raise InvalidInput(field, f"may contain only {ID_CHARSET_TEXT}")
 
 

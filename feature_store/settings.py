@@ -121,6 +121,10 @@ class FeatureSettings(_Section):
     """Most recent watches pooled into the history embedding."""
     watched_ratio_threshold: float = Field(0.3, ge=0, le=1)
     """Watch ratio from which a play counts as watched in the history."""
+    user_attributes: bool = False
+    """Add the user's age group, gender and occupation (from the event or request
+    context, where clients send them) as columns, each crossed with the category.
+    Changes the schema (and its hash): trainer and service must agree."""
 
 
 DEVELOPMENT_API_KEY = "vidrec-dev-key"
@@ -312,6 +316,13 @@ class TrainerSettings(_Section):
     dense_sync_every_s: float = Field(5.0, gt=0)
     """Seconds between dense averaging rounds (with ``group_sync``); also the
     staleness bound of a peer's parameters when averaged."""
+    dense_sync: Literal["redis", "gloo"] = "redis"
+    """How the dense average is computed: ``redis`` (each trainer publishes its
+    parameters and averages the peers' latest) or ``gloo`` (a torch.distributed
+    all-reduce per round, in a background thread; membership through Redis)."""
+    dense_sync_address: str | None = None
+    """``gloo`` only: the address other trainers reach this one's rendezvous
+    store at (default: the address of this host's name)."""
 
 
 class Settings(BaseSettings):

@@ -97,9 +97,22 @@ class FeatureSchema:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+USER_ATTRIBUTE_COLUMNS: tuple[Column, ...] = (
+    Categorical("age_group", "age_group", dim=4),
+    Categorical("gender", "gender", dim=4),
+    Categorical("occupation", "occupation", dim=4),
+    Crossed("age_group_x_category", ("age_group", "category")),
+    Crossed("gender_x_category", ("gender", "category")),
+    Crossed("occupation_x_category", ("occupation", "category")),
+)
+"""Columns added by ``features.user_attributes`` (appended: the others keep their order)."""
+
+
 def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
     """vidrec's standard Wide&Deep columns for video recommendation."""
-    history_len = (features or FeatureSettings()).history_in_model
+    features = features or FeatureSettings()
+    history_len = features.history_in_model
+    extra = USER_ATTRIBUTE_COLUMNS if features.user_attributes else ()
     return FeatureSchema(
         columns=(
             Categorical("user", "user_id", dim=16),
@@ -132,5 +145,6 @@ def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
             Dense("skip_rate", "skip_rate"),
             Dense("history_length", "history_length_log"),
             Dense("recency", "recency_log_hours"),
+            *extra,
         )
     )
