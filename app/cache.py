@@ -133,7 +133,9 @@ class CachedReads:
         ttl_s = ttl_ms / 1000
         self._videos: TtlCache[str, Video | None] = TtlCache(ttl_s)
         self._stats: TtlCache[str, VideoStats] = TtlCache(ttl_s)
+        self._ttl_s = ttl_s
         self._rows = {name: RowCache(table, ttl_s) for name, table in tables.items()}
+        self._family_rows: dict[int, dict[str, RowCache]] = {}
 
     def videos(self, video_ids: Sequence[str]) -> list[Video | None]:
         if not self.enabled:
@@ -149,6 +151,25 @@ class CachedReads:
         if not self.enabled:
             return self.tables[table].pull(keys, train=False)
         return self._rows[table].pull(keys)
+
+    def reader(
+        self, tables: Mapping[str, SparseTable]
+    ) -> Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]]:
+        """A row reader over another family's ``tables``, cached like :meth:`pull`.
+
+        Each family has its own row caches (the same key means a different row
+        in another family); they are kept while the process lives (a handful
+        of families at most: one per retrain served).
+        """
+        if tables is self.tables:
+            return self.pull
+        if not self.enabled:
+            return lambda table, keys: tables[table].pull(keys, train=False)
+        caches = self._family_rows.get(id(tables))
+        if caches is None:
+            caches = {name: RowCache(table, self._ttl_s) for name, table in tables.items()}
+            self._family_rows[id(tables)] = caches
+        return lambda table, keys: caches[table].pull(keys)
 
     def forget_videos(self, video_ids: Iterable[str]) -> None:
         """Drop cached catalog records (after a write through this process)."""

@@ -19,11 +19,11 @@ from app.cache import CachedReads
 from app.candidates.retrieval import Retriever
 from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
-from app.scoring.onnx_model import LoadedModel, ModelHolder, load_model
+from app.scoring.onnx_model import LoadedModel, ModelHolder, ModelLoadError, load_model
 from app.scoring.scorer import Scorer
 from app.signal_feed import SignalFeed, run_signal_feed
 from feature_store.events import EventValidator
-from feature_store.runtime import Resources
+from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,27 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         enabled=settings.stores.backend == "redis" or settings.sparse.backend == "redis",
     )
     scorer = Scorer(resources.schema, resources.tables, metrics.observe_stage, reads.pull)
-    family = settings.sparse.model_name
+    known = families(resources)
 
     def loader(version: str) -> LoadedModel:
-        return load_model(resources.registry, version, resources.schema, family, api, scorer.warm)
+        """Load ``version`` against its family's tables (refused when they are not found)."""
+        family = resources.registry.manifest(version).family
+        tables = known.tables(family)
+        if tables is None:
+            raise ModelLoadError(
+                f"version {version}: no sparse tables of family {family!r} found "
+                f"(this server reads {settings.sparse.model_name!r} and the families "
+                "registered or present in its sparse backend)"
+            )
+        return load_model(
+            resources.registry,
+            version,
+            resources.schema,
+            family,
+            api,
+            scorer.warm,
+            reads.reader(tables),
+        )
 
     holder = ModelHolder(
         resources.registry,

@@ -25,11 +25,12 @@ users) and of starting empty: events older than the chosen time are not in
 it. It is not checkpointed across a restart of the trainer process: a retrain
 is a one-off run; start it again after a restart.
 
-Serving, as built, reads the sparse tables of one family
-(``sparse.model_name``) and refuses versions of another, so a retrain's
-versions can be compared on the page but promoting one is refused by the
-service (the dashboard puts the pointer back and says why); serving a
-retrain family needs the service to open that family's tables on hot swap.
+Serving: the family's tables are registered with the process's
+:class:`~feature_store.runtime.Families` when it starts, so a service in this
+process can serve (after an operator's promotion) a version of the family
+against them; a Redis service in another process opens them under the
+family's ``model_name`` itself. Stopping a family stops its trainer but keeps
+its tables readable (frozen), so a promoted family goes on serving.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from feature_store.activity.memory import MemoryActivity
 from feature_store.component import TrainerFactory, TrainerHandle
 from feature_store.control import Command
 from feature_store.errors import Conflict, InvalidInput, NotFound
-from feature_store.runtime import Resources, table_specs
+from feature_store.runtime import Resources, families, table_specs
 from feature_store.sparse import open_table
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ class RetrainManager:
                 resources, trainer,
             )
             self.families[family_id] = family
+            families(self.live).register(family_id, resources.tables)
         trainer.start()
         log.info("retrain %s started from %d by %s", family_id, from_ts_ms, issuer)
         return family

@@ -13,6 +13,7 @@ restart keeps what was learned.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from feature_store.sparse.base import SparseTable
 
 log = logging.getLogger(__name__)
+
+FAMILIES_EXTRA = "families"
+"""Key of the process's :class:`Families` in ``Resources.extras``."""
 
 
 @dataclass
@@ -64,6 +68,9 @@ class Resources:
         if self.settings.sparse.backend == "memory":
             for name, table in self.tables.items():
                 table.snapshot(self.data_dir / "sparse" / name)
+            families = self.extras.get(FAMILIES_EXTRA)
+            if families is not None:
+                families.snapshot()
         if self.settings.stores.backend == "memory":
             self.catalog.snapshot(self.data_dir / "catalog")
             self.activity.snapshot(self.data_dir / "activity")
@@ -96,6 +103,117 @@ class Resources:
         self.event_log.close()
         if self.redis_client is not None:
             self.redis_client.close()
+
+
+class Families:
+    """The sparse tables of every model family this process can serve.
+
+    A model version belongs to the family whose tables it was trained on
+    (``Manifest.family``, the tables' ``sparse.model_name``). The process's own
+    family is ``Resources.tables``; another one is found here:
+
+    - **embedded** (memory tables): a retrain family's tables live in the
+      trainer's memory; :class:`~feature_store.retrain.RetrainManager`
+      registers them (:meth:`register`) when it starts the family. They are
+      snapshotted with the process under ``<data_dir>/families/<family>`` and
+      reopened from there after a restart, so a promoted family still serves;
+    - **Redis**: the tables are opened under the family's ``model_name`` on the
+      same client, once a row of the family's wide table is seen (the trainer
+      of the family may run in another process).
+
+    A family found in neither place is unknown (``None``): serving refuses its
+    versions. Tables opened here are closed here; registered ones belong to
+    whoever registered them.
+    """
+
+    def __init__(self, resources: Resources) -> None:
+        self.resources = resources
+        self._registered: dict[str, dict[str, SparseTable]] = {}
+        self._opened: dict[str, dict[str, SparseTable]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, family: str, tables: dict[str, SparseTable]) -> None:
+        with self._lock:
+            self._registered[family] = tables
+
+    def tables(self, family: str) -> dict[str, SparseTable] | None:
+        """``family``'s tables, or None when it has none this process can find."""
+        live = self.resources
+        if family == live.settings.sparse.model_name:
+            return live.tables
+        with self._lock:
+            found = self._registered.get(family) or self._opened.get(family)
+            if found is None:
+                found = self._open(family)
+                if found is not None:
+                    self._opened[family] = found
+            return found
+
+    def _open(self, family: str) -> dict[str, SparseTable] | None:
+        from feature_store.sparse import open_table
+
+        live = self.resources
+        sparse = live.settings.sparse.model_copy(update={"model_name": family})
+        settings = live.settings.model_copy(update={"sparse": sparse})
+        if settings.sparse.backend == "memory":
+            directory = live.data_dir / "families" / family
+            if not all(_has_snapshot(directory / n) for n in live.tables):
+                return None
+            tables = {s.name: open_table(s, settings) for s in table_specs(live.schema, settings)}
+            for name, table in tables.items():
+                table.restore(directory / name)
+            return tables
+        if not _family_in_redis(live, family):
+            return None
+        return {
+            spec.name: open_table(spec, settings, redis_client=live.redis_client)
+            for spec in table_specs(live.schema, settings)
+        }
+
+    def snapshot(self) -> None:
+        """Persist registered embedded families (beside the live tables' snapshot)."""
+        with self._lock:
+            families = {**self._opened, **self._registered}
+        for family, tables in families.items():
+            for name, table in tables.items():
+                table.snapshot(self.resources.data_dir / "families" / family / name)
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._opened = self._opened, {}
+            self._registered.clear()
+        for tables in opened.values():
+            for table in tables.values():
+                table.close()
+
+
+def families(resources: Resources) -> Families:
+    """The process's :class:`Families`, created on first use."""
+    found: Families | None = resources.extras.get(FAMILIES_EXTRA)
+    if found is None:
+        found = resources.extras[FAMILIES_EXTRA] = Families(resources)
+    return found
+
+
+def _family_in_redis(resources: Resources, family: str) -> bool:
+    """Whether any of the family's tables has a key (SCAN, stopping at the first hit)."""
+    import redis
+
+    from feature_store.constants import REDIS_ROOT
+    from feature_store.sparse import open_table
+
+    client = resources.redis_client
+    if client is None:
+        return False
+    if not isinstance(client, redis.Redis):  # a cluster: ask the tables themselves
+        sparse = resources.settings.sparse.model_copy(update={"model_name": family})
+        settings = resources.settings.model_copy(update={"sparse": sparse})
+        return any(
+            open_table(spec, settings, redis_client=client).stats().rows > 0
+            for spec in table_specs(resources.schema, settings)
+        )
+    prefix = f"{REDIS_ROOT}:sp:{family}:".encode()  # family ids are [A-Za-z0-9_-]
+    return next(iter(client.scan_iter(match=prefix + b"*", count=10_000)), None) is not None
 
 
 def _has_snapshot(directory: Path) -> bool:

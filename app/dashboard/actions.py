@@ -7,7 +7,8 @@ final acknowledgement, or ``timeout`` when none came within
 
 Registry actions (promote, rollback) are done here, on the shared registry,
 and end once this service has hot-swapped to the new active version: if the
-service refuses it (say, a version of a family it does not serve), the
+service refuses it (say, a version of a family whose sparse tables it cannot
+find), the
 pointer is put back and the action ``failed`` with the service's reason, so
 an operator never leaves the registry pointing at a model nobody serves.
 """

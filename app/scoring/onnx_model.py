@@ -12,7 +12,9 @@ polls the registry's ``ACTIVE`` pointer. A new active version is loaded and
 warmed on that thread, off the request path, then published by one reference
 assignment (atomic in CPython): a request reads ``holder.current`` once and
 scores with that :class:`LoadedModel` to the end, so in-flight requests
-finish on the old version. A version that fails to load is logged, counted,
+finish on the old version. A model carries the reader of its family's
+sparse tables (:attr:`LoadedModel.pull`), so a version of another family
+swaps the model and the tables it reads together. A version that fails to load is logged, counted,
 and remembered (not retried until the pointer moves), and the old one keeps
 serving.
 """
@@ -63,6 +65,11 @@ class LoadedModel:
     load_seconds: float
     warmup_seconds: float
     input_names: list[str] = field(default_factory=list)
+    pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None
+    """Row reader of the version's family's sparse tables (None: the scorer's own).
+
+    Held by the model so that a swap to another family replaces the model and
+    the tables it reads in one assignment: a request never mixes them."""
 
     def bucket(self, batch: int) -> int:
         """The warmed batch size a batch of ``batch`` rows is padded to."""
@@ -150,8 +157,13 @@ def load_model(
     family: str,
     settings: ApiSettings,
     warm: Callable[[LoadedModel, int], None],
+    pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
 ) -> LoadedModel:
-    """Open ``version`` and warm every bucket with ``warm(model, batch_size)``."""
+    """Open ``version`` and warm every bucket with ``warm(model, batch_size)``.
+
+    ``family`` is the family whose tables ``pull`` reads (the scorer's own
+    tables when ``pull`` is None); a version of another family is refused.
+    """
     started = time.perf_counter()
     try:
         manifest = registry.manifest(version)
@@ -186,6 +198,7 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         warmup_seconds=0.0,
         input_names=names,
+        pull=pull,
     )
     warm_started = time.perf_counter()
     try:

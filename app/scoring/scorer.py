@@ -70,11 +70,16 @@ class Scorer:
         return self.extractor.extract_request(user_id, ts_ms, context, history, videos, stats)
 
     def pull(
-        self, batch: BatchFeatures
+        self, batch: BatchFeatures, model: LoadedModel | None = None
     ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
-        """Weights of the batch's unique keys: one pull per table, plus the wide table."""
-        rows = {table: self._pull(table, keys) for table, keys in batch.table_keys.items()}
-        wide = self._pull(WIDE_TABLE, batch.wide_keys)
+        """Weights of the batch's unique keys: one pull per table, plus the wide table.
+
+        Read from ``model``'s family's tables when it names them, else from
+        this scorer's tables.
+        """
+        pull = model.pull if model is not None and model.pull is not None else self._pull
+        rows = {table: pull(table, keys) for table, keys in batch.table_keys.items()}
+        wide = pull(WIDE_TABLE, batch.wide_keys)
         return rows, wide
 
     def run(
@@ -105,7 +110,7 @@ class Scorer:
         t0 = time.perf_counter()
         batch = self.features(user_id, ts_ms, context, history, videos, stats)
         t1 = time.perf_counter()
-        rows, wide = self.pull(batch)
+        rows, wide = self.pull(batch, model)
         t2 = time.perf_counter()
         scores = self.run(model, batch, rows, wide)
         t3 = time.perf_counter()
@@ -115,7 +120,12 @@ class Scorer:
         return scores
 
     def warm(self, model: LoadedModel, size: int) -> None:
-        """Run ``model`` once on a synthetic batch of ``size`` rows (zero weights, no pulls)."""
+        """Run ``model`` once on a synthetic batch of ``size`` rows.
+
+        The synthetic keys are pulled from the model's family's tables (rows
+        nobody trained: zeros), so a family whose tables cannot be read fails
+        here, off the request path, before the model is published.
+        """
         extractor = RequestFeatureExtractor(self.schema)
         videos = [
             Video(
@@ -132,10 +142,5 @@ class Scorer:
         batch = extractor.extract_request(
             "warmup", WARMUP_TS_MS, EventContext(), history, videos, [VideoStats()] * size
         )
-        dims = self.schema.table_dims()
-        rows = {
-            t: np.zeros((len(keys), dims[t]), dtype=np.float32)
-            for t, keys in batch.table_keys.items()
-        }
-        wide = np.zeros((len(batch.wide_keys), 1), dtype=np.float32)
+        rows, wide = self.pull(batch, model)
         self.run(model, batch, rows, wide)

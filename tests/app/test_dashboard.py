@@ -181,7 +181,9 @@ def test_retrain_trains_a_new_family_beside_the_live_one(live: TestClient) -> No
     import time
 
     service = service_of(live)
+    assert act(live, "export")["status"] == "done"  # a live version to roll back to
     live_active = service.resources.registry.active()
+    wait_for(lambda: service.model is not None and service.model.version == live_active)
     out = act(live, "retrain", from_ts_ms=int(time.time() * 1000) - 600_000)
     assert out["status"] == "done", out
     family = out["result"]["family"]
@@ -204,12 +206,22 @@ def test_retrain_trains_a_new_family_beside_the_live_one(live: TestClient) -> No
     manifest = service.resources.registry.manifest(version)
     assert manifest.family == family and manifest.training_position["events_total"] > 0
 
-    refused = act(live, "promote", version=version)
-    assert refused["status"] == "failed" and "refused" in refused["message"]
-    assert service.resources.registry.active() == live_active
+    promoted = act(live, "promote", version=version)
+    assert promoted["status"] == "done", promoted
+    assert service.resources.registry.active() == version
+    assert service.model.manifest.family == family
+    manager = service.resources.extras["retrain"]
+    tables = manager.families[family].resources.tables
+    assert service.resources.extras["families"].tables(family) is tables
+    body = {"user_id": "someone", "candidates": ["v1", "v2"]}
+    assert live.post("/v1/recommend", json=body).json()["model_version"] == version
+
+    back = act(live, "rollback")
+    assert back["status"] == "done" and back["result"]["version"] == live_active
+    assert service.model.version == live_active
+    assert live.post("/v1/recommend", json=body).json()["model_version"] == live_active
 
     live_tables = service.resources.tables
-    manager = service.resources.extras["retrain"]
     assert manager.families[family].resources.tables["user"] is not live_tables["user"]
     assert manager.families[family].resources.activity is not service.resources.activity
 
@@ -234,7 +246,7 @@ def test_trainer_actions_time_out_without_a_trainer(tmp_path: Path) -> None:
     assert statuses == ["requested", "timeout", "requested", "failed"]
 
 
-def test_promote_of_a_family_the_service_does_not_read_is_put_back(tmp_path: Path) -> None:
+def test_promote_of_a_family_without_tables_is_put_back(tmp_path: Path) -> None:
     settings = dashboard_settings(tmp_path / "data")
     with TestClient(create_app(settings)) as client:
         service = service_of(client)
@@ -244,6 +256,7 @@ def test_promote_of_a_family_the_service_does_not_read_is_put_back(tmp_path: Pat
         other = publish_model(registry, schema, family="r1", activate=False)
         out = act(client, "promote", version=other)
         assert out["status"] == "failed" and "refused" in out["message"]
+        assert "no sparse tables of family 'r1'" in out["message"]
         assert registry.active() == live_version and service.model.version == live_version
 
 
