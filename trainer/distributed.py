@@ -50,13 +50,16 @@ network this size; shorten the period to tighten it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -111,6 +114,7 @@ class GroupSync:
         every_s: float = 5.0,
         member: str | None = None,
         clock: Callable[[], float] = time.time,
+        gloo_address: str | None = None,
     ) -> None:
         self.client = client
         self.progress_key = TRAINER_PROGRESS + group_id
@@ -126,6 +130,12 @@ class GroupSync:
         """Live peers averaged with in the last round."""
         self.skipped = 0
         """Records dropped because another member had trained them."""
+        self.gloo = (
+            None
+            if gloo_address is None
+            else GlooAveraging(client, group_id, self.member, gloo_address, every_s, clock)
+        )
+        """``trainer.dense_sync == "gloo"``: averaging by torch.distributed instead."""
 
     # --- progress -------------------------------------------------------------
 
@@ -157,6 +167,8 @@ class GroupSync:
     # --- dense averaging --------------------------------------------------------
 
     def due(self) -> bool:
+        if self.gloo is not None:
+            return self.gloo.due()
         return self._clock() - self._last_sync >= self.every_s
 
     def average(self, model: nn.Module, samples: int) -> int:
@@ -165,6 +177,10 @@ class GroupSync:
         Returns the number of live peers averaged with (0: alone, nothing
         changed). Stale peers' fields are deleted.
         """
+        if self.gloo is not None:
+            joined = self.gloo.step(model)
+            self.syncs, self.last_peers = self.gloo.rounds, joined
+            return joined
         self._last_sync = now = self._clock()
         tensors = dense_tensors(model)
         with torch.no_grad():
@@ -200,6 +216,8 @@ class GroupSync:
 
     def leave(self) -> None:
         """Remove this member's parameters (a graceful stop; a dead one just goes stale)."""
+        if self.gloo is not None:
+            self.gloo.leave()
         try:
             self.client.hdel(self.dense_key, self.member)
         except (redis.RedisError, RedisClusterException, OSError) as exc:
@@ -208,6 +226,7 @@ class GroupSync:
     def status(self) -> dict[str, Any]:
         return {
             "member": self.member,
+            "dense_sync": "redis" if self.gloo is None else "gloo",
             "dense_syncs": self.syncs,
             "dense_peers": self.last_peers,
             "skipped_as_trained_by_peer": self.skipped,
@@ -246,4 +265,143 @@ def open_group_sync(resources: Resources) -> GroupSync | None:
         raise ConfigurationError(
             "trainer.group_sync: several trainers need the Redis sparse tables (sparse.backend)"
         )
-    return GroupSync(resources.redis_client, cfg.group_id, every_s=cfg.dense_sync_every_s)
+    address = None
+    if cfg.dense_sync == "gloo":
+        address = cfg.dense_sync_address or socket.gethostbyname(socket.gethostname())
+    return GroupSync(
+        resources.redis_client, cfg.group_id, every_s=cfg.dense_sync_every_s, gloo_address=address
+    )
+
+
+class GlooAveraging:
+    """Periodic averaging by a gloo all-reduce (``trainer.dense_sync = "gloo"``).
+
+    The alternative to the Redis exchange above, for those who want the
+    average computed by ``torch.distributed``; Redis still does what a
+    collective cannot: membership. Rounds are wall-clock aligned (round ``r``
+    = ``time // every_s``). At a new round the loop snapshots the parameters
+    and a background thread runs the round, so training never waits on the
+    others:
+
+    1. every member keeps a registration (its rendezvous address, its last
+       round's time) in ``TRAINER_DENSE{group}:gloo``; the members of round
+       ``r`` are those registered within three periods, fixed by whoever
+       writes ``...:round:<r>`` first (``SET NX``), so all agree;
+    2. the first of them hosts the round's ``TCPStore`` (each member runs
+       one, on ``address`` and a free port); all form a ``ProcessGroupGloo``
+       under the round's prefix and all-reduce the flattened snapshot with a
+       timeout of one period;
+    3. at its next round the loop applies the result as ``current + (mean -
+       snapshot)``, keeping what it learned while the round ran.
+
+    Staleness: the average is of snapshots one period old when applied.
+    A member that dies makes the rounds that still count it fail (at once
+    when its connections close, else at the timeout) until its registration
+    is three periods old; the others just train on without averaging
+    meanwhile. Nothing ever blocks the training loop.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        group_id: str,
+        member: str,
+        address: str,
+        every_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        from torch.distributed import TCPStore
+
+        self.client = client
+        self.group_id = group_id
+        self.member = member
+        self.every_s = every_s
+        self.members_key = f"{TRAINER_DENSE}{group_id}:gloo"
+        self.round_prefix = f"{TRAINER_DENSE}{group_id}:round:"
+        self._clock = clock
+        self._timeout = timedelta(seconds=max(1.0, every_s))
+        self._store = TCPStore(
+            address, 0, is_master=True, wait_for_workers=False, timeout=self._timeout
+        )
+        self.address = f"{address}:{self._store.port}"
+        self._round = int(clock() // every_s)
+        self._thread: threading.Thread | None = None
+        self._result: tuple[np.ndarray, np.ndarray, int] | None = None
+        self.rounds = 0
+        """Rounds whose average was applied."""
+        self.failures = 0
+        """Rounds that failed (a member gone, a timeout); training went on."""
+
+    def due(self) -> bool:
+        return int(self._clock() // self.every_s) != self._round
+
+    def step(self, model: nn.Module) -> int:
+        """Apply the finished round, if any, and start this one; peers of the applied one."""
+        peers = 0
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread = None
+            if self._result is not None:
+                snapshot, mean, peers = self._result
+                self._result = None
+                tensors = dense_tensors(model)
+                current = _flat(tensors)
+                _load_flat(tensors, torch.from_numpy(current + (mean - snapshot)))
+                self.rounds += 1
+        self._round = int(self._clock() // self.every_s)
+        if self._thread is None:
+            snapshot = _flat(dense_tensors(model))
+            self._thread = threading.Thread(
+                target=self._run, args=(self._round, snapshot), daemon=True, name="vidrec-gloo"
+            )
+            self._thread.start()
+        return peers
+
+    def _run(self, round_no: int, snapshot: np.ndarray) -> None:
+        try:
+            self._result = self._all_reduce(round_no, snapshot)
+        except Exception as exc:  # noqa: BLE001 - a failed round is skipped, never fatal
+            self.failures += 1
+            log.warning("dense sync (gloo) round %d failed: %s", round_no, exc)
+
+    def _all_reduce(
+        self, round_no: int, snapshot: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+        now = self._clock()
+        entry = json.dumps({"address": self.address, "at": now})
+        self.client.hset(self.members_key, self.member, entry)
+        live = {}
+        for name, raw in self.client.hgetall(self.members_key).items():
+            info = json.loads(raw)
+            if now - float(info["at"]) <= STALE_PERIODS * self.every_s:
+                live[name.decode() if isinstance(name, bytes) else name] = info["address"]
+        key = f"{self.round_prefix}{round_no}"
+        ttl_ms = int(10 * self.every_s * 1000)
+        self.client.set(key, json.dumps(sorted(live)), nx=True, px=ttl_ms)
+        members = json.loads(self.client.get(key))
+        if self.member not in members or len(members) == 1:
+            return snapshot, snapshot, 0
+        rank = members.index(self.member)
+        if rank == 0:
+            store = self._store
+        else:
+            host, port = live[members[0]].rsplit(":", 1)
+            store = TCPStore(host, int(port), is_master=False, timeout=self._timeout)
+        group = ProcessGroupGloo(
+            PrefixStore(f"{self.group_id}/{round_no}", store), rank, len(members), self._timeout
+        )
+        total = torch.from_numpy(snapshot.copy())
+        group.allreduce([total]).wait()  # type: ignore[attr-defined]
+        return snapshot, total.numpy() / len(members), len(members) - 1
+
+    def leave(self) -> None:
+        try:
+            self.client.hdel(self.members_key, self.member)
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            log.warning("dense sync (gloo): could not leave the group: %s", exc)
+
+
+def _flat(tensors: list[torch.Tensor]) -> np.ndarray:
+    with torch.no_grad():
+        return torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors]).numpy().copy()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -114,3 +116,55 @@ def test_average_keeps_the_dtype_and_shapes(client: redis.Redis) -> None:
     for key, value in net.state_dict().items():
         assert value.dtype == before[key].dtype and value.shape == before[key].shape
         np.testing.assert_allclose(value.numpy(), before[key].numpy(), rtol=1e-6)
+
+
+def _settle(*syncs: GroupSync) -> None:
+    """Wait for every member's gloo round in flight to end (success or failure)."""
+    for sync in syncs:
+        assert sync.gloo is not None
+        thread = sync.gloo._thread
+        if thread is not None:
+            thread.join(30)
+            assert not thread.is_alive()
+
+
+def test_gloo_members_average_by_all_reduce(client: redis.Redis) -> None:
+    clock = Clock()
+    nets = [nn.Linear(3, 2), nn.Linear(3, 2)]
+    for value, net in zip((0.0, 2.0), nets, strict=True):
+        for t in dense_tensors(net):
+            torch.nn.init.constant_(t, value)
+    syncs = [
+        GroupSync(client, "g", member=m, every_s=1.0, clock=clock, gloo_address="127.0.0.1")
+        for m in ("a", "b")
+    ]
+    for _ in range(3):  # round 1 registers both; round 2 averages; round 3 applies it
+        clock.now += 1.0
+        for sync, net in zip(syncs, nets, strict=True):
+            assert sync.due()
+            with torch.no_grad():
+                sync.average(net, samples=0)
+        _settle(*syncs)
+    for net in nets:
+        assert torch.allclose(net.weight.detach(), torch.full((2, 3), 1.0)), net.weight
+    assert all(s.syncs >= 1 and s.status()["dense_sync"] == "gloo" for s in syncs)
+
+
+def test_a_gloo_round_with_a_dead_member_fails_without_blocking(client: redis.Redis) -> None:
+    clock = Clock()
+    net = nn.Linear(3, 2)
+    before = net.weight.detach().clone()
+    sync = GroupSync(client, "g", member="a", every_s=1.0, clock=clock, gloo_address="127.0.0.1")
+    assert sync.gloo is not None
+    ghost = json.dumps({"address": "127.0.0.1:1", "at": clock.now + 1})  # registered, gone
+    client.hset(sync.gloo.members_key, "ghost", ghost)
+    clock.now += 1.0
+    started = time.monotonic()
+    sync.average(net, samples=0)
+    assert time.monotonic() - started < 0.5, "the loop never waits for a round"
+    _settle(sync)
+    assert sync.gloo.failures == 1 and sync.syncs == 0
+    clock.now += 1.0
+    sync.average(net, samples=0)  # nothing to apply from the failed round
+    assert torch.equal(net.weight.detach(), before)
+    _settle(sync)

@@ -217,7 +217,9 @@ def _scan_rows(cluster_url: str, settings: Settings) -> dict[str, int]:
     return {table: counts[(table, "w")] for table in specs}
 
 
+@pytest.mark.parametrize("dense_sync", ["redis", "gloo"])
 def test_two_trainers_share_a_group_and_survive_a_kill(
+    dense_sync: str,
     tmp_path: Path,
     redis_cluster_url: str,
     kafka_broker: TansuBroker,
@@ -239,8 +241,14 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
         resources.catalog.upsert(world.videos())
         resources.event_log.produce(events[:third])
 
-        one = Trainer(tmp_path / "one", registry, {**shared, **TRAINER_ENV})
-        two = Trainer(tmp_path / "two", registry, {**shared, **TRAINER_ENV})
+        trainer_env = {
+            **shared,
+            **TRAINER_ENV,
+            "VIDREC_TRAINER__DENSE_SYNC": dense_sync,
+            "VIDREC_TRAINER__DENSE_SYNC_ADDRESS": "127.0.0.1",
+        }
+        one = Trainer(tmp_path / "one", registry, trainer_env)
+        two = Trainer(tmp_path / "two", registry, trainer_env)
         try:
             one.start()
             two.start()
@@ -328,7 +336,7 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
         f"{metrics['baseline_auc']:.3f}; {hammer.codes[200]} recommendations served; "
         f"{time.monotonic() - started:.0f} s in all"
     )
-    assert group["dense_syncs"] > 0
+    assert group["dense_sync"] == dense_sync and group["dense_syncs"] > 0
     # What the killed one pushed after its last commit came back to the survivor, skipped.
     assert group["skipped_as_trained_by_peer"] >= pushed_uncommitted > 0
     assert metrics["auc"] > 0.68, metrics
