@@ -36,16 +36,21 @@ and drops out of the mean after three periods (then its field is deleted);
 there is no collective to join, so a death never blocks the others, and a
 trainer that joins late is pulled to the group's mean at its first sync.
 
-Why not ``torch.distributed``: an all-reduce needs every member of a
-fixed-size group to reach the same call. Trainers consume different
-partitions at different rates (a per-step all-reduce runs at the pace of the
-slowest), and a SIGKILLed member leaves the others blocked until a timeout
-and unable to go on without re-forming the group (an elastic rendezvous);
-Redis, which every trainer already needs, gives asynchronous averaging with
-a bounded staleness and no membership protocol. The price is that the
-average is of parameters, not gradients: between syncs the copies differ
-(by at most a period of training), which model averaging tolerates for a
-network this size; shorten the period to tighten it.
+Why Redis by default and ``torch.distributed`` only as an option
+(``trainer.dense_sync = "gloo"``, :class:`GlooAveraging`): an all-reduce needs
+every member of a fixed-size group to reach the same call. Trainers consume
+different partitions at different rates (a per-step gradient all-reduce
+runs at the pace of the slowest), and a SIGKILLed member leaves the others
+blocked until a timeout and unable to go on without re-forming the group.
+The gloo option therefore all-reduces parameter snapshots once per period
+in a background thread, with the membership of each round fixed through
+Redis, so the loop never waits and a dead member only fails rounds for
+three periods; the Redis exchange does the same with fewer moving parts
+(no rendezvous stores, no ports between trainers). Both average
+parameters, not gradients: between rounds the copies differ (by at most a
+period of training), which model averaging tolerates for a network this
+size; shorten the period to tighten it. NCCL is not offered: the dense
+network is tens of thousands of floats on the CPU.
 """
 
 from __future__ import annotations
@@ -385,6 +390,7 @@ class GlooAveraging:
         rank = members.index(self.member)
         if rank == 0:
             store = self._store
+            self._prune(round_no)
         else:
             host, port = live[members[0]].rsplit(":", 1)
             store = TCPStore(host, int(port), is_master=False, timeout=self._timeout)
@@ -394,6 +400,15 @@ class GlooAveraging:
         total = torch.from_numpy(snapshot.copy())
         group.allreduce([total]).wait()  # type: ignore[attr-defined]
         return snapshot, total.numpy() / len(members), len(members) - 1
+
+    def _prune(self, round_no: int) -> None:
+        """Drop the rendezvous keys of rounds before the previous one from this store."""
+        head = f"{self.group_id}/"
+        for key in self._store.list_keys():
+            parts = key.lstrip("/")[len(head) :].split("/", 1)
+            if key.lstrip("/").startswith(head) and parts[0].isdigit():
+                if int(parts[0]) < round_no - 1:
+                    self._store.delete_key(key)
 
     def leave(self) -> None:
         try:

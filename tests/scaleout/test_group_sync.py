@@ -168,3 +168,20 @@ def test_a_gloo_round_with_a_dead_member_fails_without_blocking(client: redis.Re
     sync.average(net, samples=0)  # nothing to apply from the failed round
     assert torch.equal(net.weight.detach(), before)
     _settle(sync)
+
+
+def test_gloo_rounds_do_not_pile_up_in_the_leaders_store(client: redis.Redis) -> None:
+    clock = Clock()
+    nets = [nn.Linear(3, 2), nn.Linear(3, 2)]
+    syncs = [
+        GroupSync(client, "g", member=m, every_s=1.0, clock=clock, gloo_address="127.0.0.1")
+        for m in ("a", "b")
+    ]
+    for _ in range(6):
+        clock.now += 1.0
+        for sync, net in zip(syncs, nets, strict=True):
+            sync.average(net, samples=0)
+        _settle(*syncs)
+    leader = syncs[0].gloo
+    assert leader is not None and leader.failures == 0
+    assert leader._store.num_keys() <= 2 * 2 + 1  # two rounds' keys of two ranks, and a counter
