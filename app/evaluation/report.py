@@ -105,6 +105,12 @@ def summary(result: EvalResult) -> str:
 
 def method(result: EvalResult, cfg: EvalConfig) -> str:
     """How the figures were made (part of the generated section, so it stays true)."""
+    users = (
+        "; and, from `u.user`, the user's age group, gender and occupation, each also "
+        "crossed with the genre (`features.user_attributes`, carried in the events' "
+        "and requests' context; zip codes unused)"
+        if result.user_attributes else "; no user attributes (none in the data)"
+    )
     return f"""\
 How: the dataset is replayed in event-time order (ratings sorted by
 (timestamp, user, item)) through the embedded deployment: the in-process
@@ -115,8 +121,7 @@ rating >= 4 is positive, one weighted sample per rating (the trainer's label
 policy set by settings, see `app/evaluation/stream.py`). Features (the
 default schema): user, movie, first genre (category), all genres (tags),
 release decade (in the creator column), watched history (>= 3 stars),
-the movie's counters so far, hour of day. User demographics (`u.user`) are
-not used: no feature source reads user attributes yet.
+the movie's counters so far, hour of day{users}.
 
 Rows: every model's "last 20%" figure is over the same {result.test_rows:,}
 rows (the last 20% of the {result.samples:,} labelled rows by (ts, user,

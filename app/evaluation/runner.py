@@ -62,7 +62,7 @@ from feature_store.component import (
     load_component,
 )
 from feature_store.errors import ConfigurationError
-from feature_store.events import Event, EventType
+from feature_store.events import Event, EventContext, EventType
 from feature_store.runtime import Resources, open_resources
 from feature_store.settings import Settings
 
@@ -98,6 +98,8 @@ class EvalConfig:
     """Events trained between exports to the service (checked before each query)."""
     half_life_days: float = 7.0
     """Half-life of the recent-popularity baseline, days of event time."""
+    user_attributes: bool = True
+    """Use the users' age group, gender and occupation where the data has them."""
     offline_epochs: int = 10
     patience: int = 2
     seed: int = 0
@@ -156,6 +158,8 @@ class EvalResult:
     service_candidate_recall: float
     """Share of queries whose item was among the service's candidates (any rank)."""
     service_fallbacks: dict[str, int]
+    user_attributes: bool
+    """The users' age group, gender and occupation were features."""
     seconds: float
     online_seconds: float
     events_per_s: float
@@ -164,7 +168,10 @@ class EvalResult:
         return next(m for m in self.models if m.name == name)
 
 
-def eval_settings(cfg: EvalConfig, data_dir: Path, kind: str, backend: str) -> Settings:
+def eval_settings(
+    cfg: EvalConfig, data_dir: Path, kind: str, backend: str, user_attributes: bool = False
+) -> Settings:
+    features = {"user_attributes": user_attributes and cfg.user_attributes}
     trainer: dict[str, Any] = {
         "batch_size": cfg.batch_size,
         "export_every_s": 0,
@@ -179,6 +186,7 @@ def eval_settings(cfg: EvalConfig, data_dir: Path, kind: str, backend: str) -> S
         "event_log": {"backend": "memory", "memory_partitions": 1,
                       "memory_retention_records": 100_000_000},
         "trainer": trainer,
+        "features": features,
         # The service's ONNX session on CPU: the figures are quality, not speed.
         "api": {"signal_feed": False, "model_poll_interval_s": 3600, "onnx_provider": "cpu"},
         "sparse": {"backend": backend, "model_name": f"eval{int(time.time())}"},
@@ -225,6 +233,7 @@ class _Online:
     def __init__(self, cfg: EvalConfig, stream: Stream, resources: Resources) -> None:
         self.cfg = cfg
         self.events = stream.events
+        self.users = stream.users
         self.resources = resources
         self.parts: list[ScoredSamples] = []
         self.weighted = 0
@@ -274,9 +283,10 @@ class _Online:
         # Every candidate, ranked: the top k are the answer to a request for k, and
         # the rest tell whether the item was retrieved at all.
         everything = self.resources.settings.api.max_candidates
-        response = service.recommender.recommend(
-            RecommendRequest(user_id=query.user, count=everything)
-        )
+        response = service.recommender.recommend(RecommendRequest(
+            user_id=query.user, count=everything,
+            context=self.users.get(query.user, EventContext()),
+        ))
         query.rank = rank_of(query.video, [item.video_id for item in response.items])
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
         query.before = self.weighted
@@ -289,7 +299,7 @@ def _offline(
     cfg: EvalConfig, stream: Stream, split: Split, root: Path
 ) -> OfflineResult:
     """Wide&Deep in epochs, on fresh in-process tables and stores (a batch job's setup)."""
-    settings = eval_settings(cfg, root / "offline", stream.kind, "memory")
+    settings = eval_settings(cfg, root / "offline", stream.kind, "memory", bool(stream.users))
     train: Callable[..., OfflineResult] = load_component(OFFLINE_ENTRY_POINT)
     with open_resources(settings) as resources:
         if stream.videos:
@@ -358,7 +368,9 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
         if not stream.events:
             raise ConfigurationError(f"{cfg.dataset}: no events")
         queries = pick_queries(stream.events, cfg.queries, cfg.seed)
-        settings = eval_settings(cfg, root / "online", stream.kind, cfg.backend)
+        settings = eval_settings(
+            cfg, root / "online", stream.kind, cfg.backend, bool(stream.users)
+        )
         with open_resources(settings) as resources:
             if cfg.backend == "redis" and resources.redis_client is not None:
                 _check_scratch(resources)
@@ -445,6 +457,7 @@ def _result(
             sum(q.rank is not None for q in queries) / len(queries) if queries else math.nan
         ),
         service_fallbacks=online.fallbacks,
+        user_attributes=bool(stream.users) and cfg.user_attributes,
         seconds=time.perf_counter() - started,
         online_seconds=online_seconds,
         events_per_s=len(stream.events) / max(online_seconds, 1e-9),

@@ -4,7 +4,9 @@ Formats (the path is always an argument; vidrec never copies data):
 
 - ``movielens``: a directory with ``u.data``/``u.item`` (ml-100k) or
   ``ratings.csv``/``movies.csv`` (newer releases), mapped to events by
-  :mod:`feature_store.datasets` (genres, release decade);
+  :mod:`feature_store.datasets` (genres, release decade); where ``u.user``
+  is present, each event's context carries its user's age group, gender and
+  occupation (read as features with ``features.user_attributes``);
 - ``csv`` / ``parquet``: events in vidrec's schema (``event_id, user_id,
   video_id, type, ts`` and optionally ``watch_ms, duration_ms``). Parquet
   needs ``pyarrow``.
@@ -26,7 +28,7 @@ from feature_store.catalog.base import Video
 from feature_store.component import ScoredSamples
 from feature_store.datasets import movielens_events, read_events_csv
 from feature_store.errors import InvalidInput, NotFound
-from feature_store.events import Event, EventType
+from feature_store.events import Event, EventContext, EventType
 
 Format = Literal["auto", "movielens", "csv", "parquet"]
 
@@ -36,6 +38,8 @@ class Stream:
     events: list[Event]
     videos: list[Video]
     kind: Literal["movielens", "events"]
+    users: dict[str, EventContext] = field(default_factory=dict)
+    """Profile context per user id (age group, gender, occupation), where the data has it."""
 
 
 def detect(path: Path) -> str:
@@ -54,7 +58,13 @@ def load_stream(path: Path, fmt: Format, min_ts_ms: int, limit: int | None = Non
     kind = detect(path) if fmt == "auto" else fmt
     if kind == "movielens":
         events, videos = movielens_events(path, min_ts_ms)
-        stream = Stream(events, videos, "movielens")
+        users = read_ml100k_users(path) if (path / "u.user").is_file() else {}
+        if users:
+            events = [
+                e.model_copy(update={"context": users[e.user_id]}) if e.user_id in users else e
+                for e in events
+            ]
+        stream = Stream(events, videos, "movielens", users)
     elif kind == "csv":
         stream = Stream(list(read_events_csv(path)), [], "events")
     elif kind == "parquet":
@@ -64,6 +74,34 @@ def load_stream(path: Path, fmt: Format, min_ts_ms: int, limit: int | None = Non
     if limit is not None:
         stream.events = stream.events[:limit]
     return stream
+
+
+_AGE_GROUPS = ((18, "under-18"), (25, "18-24"), (35, "25-34"), (45, "35-44"), (50, "45-49"),
+               (56, "50-55"))
+"""MovieLens 1M's age brackets (upper bound exclusive); 56 and over is ``56+``."""
+
+
+def age_group(age: int) -> str:
+    return next((name for bound, name in _AGE_GROUPS if age < bound), "56+")
+
+
+def read_ml100k_users(directory: Path) -> dict[str, EventContext]:
+    """``u.user`` (``id|age|gender|occupation|zip``) as profile context per user id.
+
+    The user ids match :mod:`feature_store.datasets` (``ml<id>``). Zip codes
+    are not used (no column reads them).
+    """
+    users = {}
+    with open(directory / "u.user", encoding="latin-1") as fh:
+        for line in fh:
+            parts = line.rstrip("\n").split("|")
+            if len(parts) < 4 or not parts[1].isdigit():
+                continue
+            users[f"ml{parts[0]}"] = EventContext(
+                age_group=age_group(int(parts[1])), gender=parts[2][:16] or None,
+                occupation=parts[3][:32] or None,
+            )
+    return users
 
 
 def _read_parquet(path: Path) -> Iterable[Event]:

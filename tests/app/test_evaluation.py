@@ -232,3 +232,23 @@ def test_parquet_needs_pyarrow_or_reads_events(tmp_path: Path) -> None:
                       "type": ["finish"], "ts": [MIN_TS + 10**9]})
     pq.write_table(table, path)
     assert [e.event_id for e in load_stream(path, "auto", MIN_TS).events] == ["e1"]
+
+
+def test_movielens_users_reach_the_features(movielens) -> None:  # type: ignore[no-untyped-def]
+    from feature_store.features import FeatureExtractor, FeatureRow
+    from feature_store.features.schema import default_schema
+    from feature_store.settings import FeatureSettings
+
+    stream = load_stream(movielens[0], "auto", MIN_TS)
+    first = stream.events[0]
+    assert first.context == stream.users[first.user_id]
+    assert first.context.gender in ("M", "F") and first.context.occupation == "student"
+    schema = default_schema(FeatureSettings(user_attributes=True))
+    assert {"age_group", "gender", "occupation"} <= set(schema.table_dims())
+    assert schema.schema_hash() != default_schema().schema_hash()
+    rows = [
+        FeatureRow("u", "v", MIN_TS, context=first.context.model_copy(update={"gender": g}))
+        for g in ("M", "F")
+    ]
+    batch = FeatureExtractor(schema).extract(rows)
+    assert len(batch.table_keys["gender"]) == 2  # one row per gender, read from the context
