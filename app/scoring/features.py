@@ -8,7 +8,11 @@ latency budget. A recommendation request has structure it can exploit:
   are the same for every candidate, so they are computed once and broadcast;
 - video columns (video, creator, category, duration, tags) depend only on the
   catalog record, so their hashed keys are cached per video;
-- dense columns are computed with numpy over arrays of the candidates' fields.
+- dense columns are computed with numpy over arrays of the candidates' fields;
+  those that depend only on the catalog record and the counters (duration,
+  engagement rates...) are cached per video with the counters they came from,
+  and recomputed for a video whose counters object changed, so a request
+  computes only the clock- and user-dependent ones (age, recency, history).
 
 The result is the same :class:`~feature_store.features.BatchFeatures` the
 generic extractor produces for the equivalent :class:`FeatureRow` list (a
@@ -35,9 +39,15 @@ from feature_store.features.columns import (
     FeatureRow,
     MultiValued,
 )
-from feature_store.features.dense import DENSE_SOURCES, DenseInputs, dense_matrix, stats_matrix
+from feature_store.features.dense import (
+    DENSE_SOURCES,
+    STAT_FIELDS,
+    DenseInputs,
+    dense_matrix,
+    stats_matrix,
+)
 from feature_store.features.extract import BatchFeatures, FeatureExtractor, Indices
-from feature_store.features.keys import Keys, cross_keys
+from feature_store.features.keys import Keys, feature_key, splitmix64
 from feature_store.features.schema import FeatureSchema
 
 REQUEST_CATEGORICAL = {
@@ -52,11 +62,45 @@ REQUEST_CATEGORICAL = {
 """Categorical sources that depend only on the user, the context and the clock."""
 VIDEO_CATEGORICAL = {"video_id", "creator_id", "category", "duration_bucket"}
 """Categorical sources that depend only on the catalog record."""
+VIDEO_DENSE = {
+    "duration_log_s",
+    "log_engagements",
+    "log_impressions",
+    "finish_rate",
+    "like_rate",
+    "skip_rate",
+}
+"""Dense sources that depend only on the catalog record and the video's counters."""
 REQUEST_MULTI = {"history_videos"}
 VIDEO_MULTI = {"tags"}
 _fingerprint = attrgetter("creator_id", "category", "tags", "duration_ms", "uploaded_at")
 """The catalog fields video-level features read (besides the id, the cache key)."""
 _CACHE_MAX = 200_000
+_MASK64 = (1 << 64) - 1
+
+
+def unique_inverse(parts: Sequence[Keys]) -> tuple[Keys, list[npt.NDArray[np.int64]]]:
+    """Sorted distinct keys of ``parts`` and, per part, each key's position in them.
+
+    What ``np.unique(np.concatenate(parts), return_inverse=True)`` gives, split
+    back per part, at a fraction of the cost for the few thousand keys of one
+    request: numpy 2's ``np.unique`` hashes before it sorts, and a
+    ``searchsorted`` per column costs more than one ``argsort`` of them all.
+    """
+    if len(parts) == 1 and len(parts[0]) == 1:  # a user or context table: one key
+        return parts[0], [np.zeros(1, np.int64)]
+    keys = np.concatenate(parts)
+    if not len(keys):
+        return keys, [np.zeros(len(p), np.int64) for p in parts]
+    order = np.argsort(keys)
+    ordered = keys[order]
+    distinct = np.empty(len(ordered), dtype=bool)
+    distinct[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=distinct[1:])
+    inverse = np.empty(len(keys), dtype=np.int64)
+    inverse[order] = np.cumsum(distinct) - 1
+    bounds = np.cumsum([len(p) for p in parts[:-1]]).tolist()
+    return ordered[distinct], np.split(inverse, bounds)
 
 
 class _VideoTable:
@@ -65,12 +109,17 @@ class _VideoTable:
     Gathering 500 rows is one fancy-indexing op per matrix instead of 500
     Python-level conversions. A row is reused while its catalog record is the
     same object (memory catalog) or equal (Redis returns fresh objects);
-    a changed record gets a fresh row. Emptied when it reaches ``_CACHE_MAX``.
+    a changed record gets a fresh row. Its counters and the dense values
+    derived from them are kept with the counters object they came from and
+    recomputed when another object comes (the stores hand out immutable
+    counters: the memory store the same object until it changes, the service's
+    Redis cache the same object for its TTL). Emptied at ``_CACHE_MAX`` rows.
     """
 
-    def __init__(self, n_categorical: int, multi_lens: dict[str, int]) -> None:
+    def __init__(self, n_categorical: int, multi_lens: dict[str, int], n_dense: int) -> None:
         self.n_categorical = n_categorical
         self.multi_lens = multi_lens
+        self.n_dense = n_dense
         self.clear()
 
     def clear(self, capacity: int = 1024) -> None:
@@ -83,6 +132,9 @@ class _VideoTable:
             n: np.zeros((capacity, k), dtype=np.uint64) for n, k in self.multi_lens.items()
         }
         self.multi_len = {n: np.zeros(capacity, dtype=np.int64) for n in self.multi_lens}
+        self.stats_of: list[VideoStats | None] = []
+        self.stats = np.zeros((capacity, len(STAT_FIELDS)), dtype=np.float64)
+        self.dense = np.zeros((capacity, self.n_dense), dtype=np.float32)
 
     def add(self, video: Video, categorical: list[int], multi: dict[str, Keys]) -> int:
         row = len(self.videos)
@@ -92,10 +144,13 @@ class _VideoTable:
                 [self.categorical, np.zeros_like(self.categorical[:grow])]
             )
             self.numbers = np.concatenate([self.numbers, np.zeros_like(self.numbers[:grow])])
+            self.stats = np.concatenate([self.stats, np.zeros_like(self.stats[:grow])])
+            self.dense = np.concatenate([self.dense, np.zeros_like(self.dense[:grow])])
             for n in self.multi:
                 self.multi[n] = np.concatenate([self.multi[n], np.zeros_like(self.multi[n][:grow])])
                 self.multi_len[n] = np.concatenate([self.multi_len[n], np.zeros(grow, np.int64)])
         self.videos.append(video)
+        self.stats_of.append(None)
         self.fingerprints.append(_fingerprint(video))
         self.row_of[video.video_id] = row
         self.categorical[row] = categorical
@@ -121,8 +176,21 @@ class RequestFeatureExtractor(FeatureExtractor):
         self._by_table: dict[str, list[Categorical | MultiValued]] = {}
         for col in schema.embedded:
             self._by_table.setdefault(col.table_name(), []).append(col)
+        self._cross_seeds = [
+            (cross, np.full(1, feature_key("cross", cross.name) & _MASK64, dtype=np.uint64))
+            for cross in schema.crossed
+        ]
+        self._video_dense = [j for j, c in enumerate(schema.dense) if c.source in VIDEO_DENSE]
+        """Positions of the dense columns cached per video (see :class:`_VideoTable`)."""
+        self._request_dense = [
+            (j, DENSE_SOURCES[c.source])
+            for j, c in enumerate(schema.dense)
+            if c.source not in VIDEO_DENSE
+        ]
         self._table = _VideoTable(
-            len(self._video_columns), {c.name: c.max_len for c in self._video_multi}
+            len(self._video_columns),
+            {c.name: c.max_len for c in self._video_multi},
+            len(self._video_dense),
         )
 
     def extract_request(
@@ -172,7 +240,7 @@ class RequestFeatureExtractor(FeatureExtractor):
             batch, per_row, constant, shared, ragged
         )
         wide_keys, wide_indices = self._index_request_wide(batch, per_row, constant)
-        dense = self._dense(ts_ms, history, table.numbers[idx], stats)
+        dense = self._dense(ts_ms, history, idx, stats)
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
 
     def _index_request_tables(
@@ -187,8 +255,9 @@ class RequestFeatureExtractor(FeatureExtractor):
 
         The unique set is built from each column's *distinct* inputs (one key
         for a user column, the history once rather than once per row), then
-        every index is a ``searchsorted`` into it: sorted unique keys and their
-        positions are exactly what ``np.unique(..., return_inverse=True)`` gives.
+        every index is a position in it (:func:`unique_inverse`): sorted unique
+        keys and their positions are exactly what ``np.unique(...,
+        return_inverse=True)`` gives.
         """
         table_keys: dict[str, Keys] = {}
         column_indices: dict[str, Indices] = {}
@@ -204,24 +273,23 @@ class RequestFeatureExtractor(FeatureExtractor):
                     parts.append(shared[name])
                 else:
                     parts.append(ragged[name][0])
-            unique = np.unique(np.concatenate(parts))
+            unique, positions = unique_inverse(parts)
             table_keys[table] = unique
             pad = len(unique)
-            for col in columns:
+            for col, at in zip(columns, positions, strict=True):
                 name = col.name
                 if name in constant:
-                    at = int(np.searchsorted(unique, constant[name][0]))
-                    column_indices[name] = np.full(batch, at, dtype=np.int64)
+                    column_indices[name] = np.full(batch, int(at[0]), dtype=np.int64)
                 elif name in per_row:
-                    column_indices[name] = np.searchsorted(unique, per_row[name]).astype(np.int64)
+                    column_indices[name] = at
                 elif isinstance(col, MultiValued) and name in shared:
                     padded = np.full((batch, col.max_len), pad, dtype=np.int64)
-                    padded[:, : len(shared[name])] = np.searchsorted(unique, shared[name])
+                    padded[:, : len(at)] = at
                     column_indices[name] = padded
                 elif isinstance(col, MultiValued):
-                    flat, counts = ragged[name]
+                    counts = ragged[name][1]
                     padded = np.full((batch, col.max_len), pad, dtype=np.int64)
-                    padded[np.arange(col.max_len) < counts[:, None]] = np.searchsorted(unique, flat)
+                    padded[np.arange(col.max_len) < counts[:, None]] = at
                     column_indices[name] = padded
         return table_keys, column_indices
 
@@ -234,21 +302,19 @@ class RequestFeatureExtractor(FeatureExtractor):
             for c in self.schema.categorical
             if c.wide
         ]
-        for cross in self.schema.crossed:
-            if all(name in constant for name in cross.columns):
-                parts.append(cross_keys(cross.name, [constant[n] for n in cross.columns]))
-            else:
-                inputs = [
-                    np.broadcast_to(constant[n], (batch,)) if n in constant else per_row[n]
-                    for n in cross.columns
-                ]
-                parts.append(cross_keys(cross.name, inputs))
+        for cross, seed in self._cross_seeds:
+            # cross_keys' mix, with user/context parts kept as one key until a
+            # per-video part comes: the same keys, fewer 500-wide mixes.
+            acc = seed
+            for name in cross.columns:
+                acc = splitmix64(acc ^ (constant[name] if name in constant else per_row[name]))
+            parts.append(acc)  # one key when every part is the user's or the context's
         if not parts:
             return np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
-        unique = np.unique(np.concatenate(parts))
+        unique, positions = unique_inverse(parts)
         indices = np.empty((batch, len(parts)), dtype=np.int64)
-        for j, keys in enumerate(parts):
-            indices[:, j] = np.searchsorted(unique, keys)
+        for j, at in enumerate(positions):
+            indices[:, j] = at
         return unique, indices
 
     def _rows_of(self, videos: Sequence[Video]) -> npt.NDArray[np.int64]:
@@ -285,15 +351,53 @@ class RequestFeatureExtractor(FeatureExtractor):
         self,
         ts_ms: int,
         history: Sequence[HistoryEntry],
-        numbers: npt.NDArray[np.float64],
+        idx: npt.NDArray[np.int64],
         stats: Sequence[VideoStats],
     ) -> npt.NDArray[np.float32]:
-        batch = len(numbers)
+        table = self._table
+        self._refresh_stats(idx, stats)
+        batch = len(idx)
+        numbers = table.numbers[idx]
         inputs = DenseInputs(
             ts_ms=np.full(batch, float(ts_ms)),
             uploaded_at=numbers[:, 0],
             duration_ms=numbers[:, 1],
-            stats=stats_matrix(stats),
+            stats=table.stats[idx],
             history_len=np.full(batch, float(len(history))),
         )
-        return dense_matrix(self.schema.dense, inputs)
+        out = np.empty((batch, len(self.schema.dense)), dtype=np.float32)
+        if self._video_dense:
+            out[:, self._video_dense] = table.dense[idx]
+        for j, source in self._request_dense:
+            out[:, j] = source(inputs)
+        return out
+
+    def _refresh_stats(self, idx: npt.NDArray[np.int64], stats: Sequence[VideoStats]) -> None:
+        """Recompute the cached counters and dense values of rows whose counters changed."""
+        table = self._table
+        rows = idx.tolist()
+        if not rows:
+            return
+        cached = table.stats_of
+        known = itemgetter(*rows)(cached) if len(rows) > 1 else (cached[rows[0]],)
+        if all(map(is_, known, stats)):
+            return
+        changed = [i for i, (k, s) in enumerate(zip(known, stats, strict=True)) if k is not s]
+        at = idx[changed]
+        fresh = [stats[i] for i in changed]
+        matrix = stats_matrix(fresh)
+        table.stats[at] = matrix
+        for i, row in zip(changed, at.tolist(), strict=True):
+            cached[row] = stats[i]
+        if self._video_dense:
+            numbers = table.numbers[at]
+            n = len(at)
+            inputs = DenseInputs(
+                ts_ms=np.zeros(n),  # unused by VIDEO_DENSE sources
+                uploaded_at=numbers[:, 0],
+                duration_ms=numbers[:, 1],
+                stats=matrix,
+                history_len=np.zeros(n),
+            )
+            columns = [self.schema.dense[j] for j in self._video_dense]
+            table.dense[at] = dense_matrix(columns, inputs)

@@ -196,3 +196,21 @@ def test_request_features_follow_a_changed_catalog_record() -> None:
     np.testing.assert_array_equal(got.table_keys["category"], want.table_keys["category"])
     np.testing.assert_array_equal(got.table_keys["tags"], want.table_keys["tags"])
     np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
+
+
+def test_request_features_follow_changed_counters() -> None:
+    """The per-video dense cache is refreshed when a video's counters object changes."""
+    extractor = RequestFeatureExtractor(SCHEMA)
+    videos = [make_video(video_id=f"s{i}") for i in range(5)]
+    ts = 1_700_000_900_000
+    args = ("u1", ts, EventContext(), [])
+    for plays in (0, 7, 7, 40):
+        stats = [VideoStats(plays=plays + i, finishes=i, last_ts=ts - 1000 * i) for i in range(5)]
+        got = extractor.extract_request(*args, videos, stats)
+        want = FeatureExtractor(SCHEMA).extract(
+            [
+                FeatureRow("u1", v.video_id, ts, v, EventContext(), (), s)
+                for v, s in zip(videos, stats, strict=True)
+            ]
+        )
+        np.testing.assert_allclose(got.dense, want.dense, rtol=1e-6)
