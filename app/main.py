@@ -107,6 +107,14 @@ def create_app(
     for router in (recommend.router, events.router, videos.router, health.router):
         app.include_router(router)
     app.include_router(dashboard.router)  # its lifespan runs inside the app's
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:  # the recommend body is parsed by its route
+        if app.openapi_schema is None:
+            app.openapi_schema = recommend.add_request_schemas(default_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=metrics)  # outermost: times the whole request
     return app

@@ -302,7 +302,11 @@ def test_health_readiness_metrics_status(client: TestClient) -> None:
     assert status["model"]["version"] == version
     assert status["model"]["provider"] == "CPUExecutionProvider"
     assert client.get("/docs").status_code == 200
-    assert "/v1/recommend" in client.get("/openapi.json").json()["paths"]
+    document = client.get("/openapi.json").json()
+    body = document["paths"]["/v1/recommend"]["post"]["requestBody"]
+    ref = body["content"]["application/json"]["schema"]["$ref"]
+    request_schema = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert {"user_id", "candidates", "context", "filters"} <= set(request_schema["properties"])
 
 
 def test_posted_events_reach_trending_and_covisit_within_two_seconds(client: TestClient) -> None:
