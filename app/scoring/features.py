@@ -58,6 +58,9 @@ REQUEST_CATEGORICAL = {
     "surface",
     "hour_of_day",
     "position_bucket",
+    "age_group",
+    "gender",
+    "occupation",
 }
 """Categorical sources that depend only on the user, the context and the clock."""
 VIDEO_CATEGORICAL = {"video_id", "creator_id", "category", "duration_bucket"}

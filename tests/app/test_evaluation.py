@@ -252,3 +252,33 @@ def test_movielens_users_reach_the_features(movielens) -> None:  # type: ignore[
     ]
     batch = FeatureExtractor(schema).extract(rows)
     assert len(batch.table_keys["gender"]) == 2  # one row per gender, read from the context
+
+
+def test_serving_features_with_user_attributes_match_training() -> None:
+    from app.scoring.features import RequestFeatureExtractor
+    from feature_store.activity.base import VideoStats
+    from feature_store.events import EventContext
+    from feature_store.features import FeatureExtractor, FeatureRow
+    from feature_store.features.schema import default_schema
+    from feature_store.settings import FeatureSettings
+    from tests.factories import make_video
+
+    schema = default_schema(FeatureSettings(user_attributes=True))
+    videos = [make_video(category=f"k{i % 3}") for i in range(9)]
+    stats = [VideoStats(plays=i) for i in range(9)]
+    context = EventContext(country="DE", age_group="25-34", gender="F", occupation="writer")
+    ts = 1_700_000_900_000
+    rows = [
+        FeatureRow("u1", v.video_id, ts, v, context, (), s)
+        for v, s in zip(videos, stats, strict=True)
+    ]
+    want = FeatureExtractor(schema).extract(rows)
+    extractor = RequestFeatureExtractor(schema)
+    assert extractor.vectorised  # the request path, not the per-row fallback
+    got = extractor.extract_request("u1", ts, context, [], videos, stats)
+    for table, keys in want.table_keys.items():
+        np.testing.assert_array_equal(got.table_keys[table], keys)
+    for column, idx in want.column_indices.items():
+        np.testing.assert_array_equal(got.column_indices[column], idx)
+    np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
+    np.testing.assert_array_equal(got.wide_indices, want.wide_indices)
