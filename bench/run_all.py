@@ -12,7 +12,8 @@ and freshness (``bench/bench_freshness.py``), at the sizes in :data:`SIZES`
 minute). Prints one table (figure, value, floor, ratio, machine) and
 rewrites, in ``docs/benchmarks.md``, the block between
 ``<!-- bench:<name>:begin -->`` and ``<!-- bench:<name>:end -->`` of each
-benchmark that ran, plus the combined table between
+benchmark that ran (with the benchmark's own table where it has one, so its
+section's prose and ratio convention still hold), plus the combined table between
 ``<!-- bench:all:begin -->`` and ``<!-- bench:all:end -->`` (appended in its
 own section when missing). Prose outside the markers is never touched.
 
@@ -78,28 +79,36 @@ def _row(name: str, figure: str, value: float, unit: str, floor: float | None,
 # --- one benchmark (runs in the child process) ------------------------------
 
 
-def run_sparse(size: dict[str, Any]) -> list[dict[str, Any]]:
+Rows = list[dict[str, Any]]
+Result = tuple[Rows, str | None]
+"""The rows of the combined table, and the benchmark's own table for its block (or None)."""
+
+
+def run_sparse(size: dict[str, Any]) -> Result:
     from bench import bench_sparse
 
-    return [
+    raw = bench_sparse.run(seed=0, **size)
+    rows = [
         _row("sparse", r["figure"], r["value"], r["unit"], r["floor"], r["ratio"], r["note"])
-        for r in bench_sparse.run(seed=0, **size)
+        for r in raw
     ]
+    return rows, bench_sparse._format(raw)
 
 
-def run_training(size: dict[str, Any]) -> list[dict[str, Any]]:
+def run_training(size: dict[str, Any]) -> Result:
     from bench import bench_training
 
-    out = []
-    for r in bench_training.run(**size):
-        # bench_training reports rate / floor rate; the table wants time / floor time.
+    raw = bench_training.run(**size)
+    rows = []
+    for r in raw:
+        # bench_training reports rate / floor rate; the combined table wants time / floor time.
         ratio = r["floor"] / r["value"] if r["value"] else None
-        out.append(_row("training", r["figure"], r["value"], r["unit"], r["floor"], ratio,
-                        r["note"]))
-    return out
+        rows.append(_row("training", r["figure"], r["value"], r["unit"], r["floor"], ratio,
+                         r["note"]))
+    return rows, bench_training._format(raw)
 
 
-def run_serving(size: dict[str, Any]) -> list[dict[str, Any]]:
+def run_serving(size: dict[str, Any]) -> Result:
     with tempfile.TemporaryDirectory(prefix="vidrec-bench-all-") as tmp:
         out = Path(tmp) / "serving.json"
         _script("bench_serving.py", "--requests", size["requests"], "--candidates",
@@ -119,10 +128,10 @@ def run_serving(size: dict[str, Any]) -> list[dict[str, Any]]:
         _row("serving", "recommend p50 with retrieval",
              data["http_retrieval_sequential"]["p50_ms"], "ms", None, None,
              "the service's own candidate sources"),
-    ]
+    ], None
 
 
-def run_freshness(size: dict[str, Any]) -> list[dict[str, Any]]:
+def run_freshness(size: dict[str, Any]) -> Result:
     _script("bench_freshness.py", "--trials", size["trials"], "--backend", "memory")
     data = json.loads((ROOT / "bench" / "results" / "freshness-memory.json").read_text())
     row, sig = data["event_to_served_row"], data["event_to_candidate_signals"]
@@ -131,7 +140,7 @@ def run_freshness(size: dict[str, Any]) -> list[dict[str, Any]]:
         _row("freshness", "event to served row p50", row["p50_s"], "s", None, None, note),
         _row("freshness", "event to served row p95", row["p95_s"], "s", None, None, note),
         _row("freshness", "event to candidate signals p95", sig["p95_s"], "s", None, None, note),
-    ]
+    ], None
 
 
 def _script(name: str, *args: Any) -> None:
@@ -146,8 +155,8 @@ RUNNERS = {"sparse": run_sparse, "training": run_training, "serving": run_servin
 # --- the parent -------------------------------------------------------------
 
 
-def run_one(name: str, size: dict[str, Any]) -> tuple[list[dict[str, Any]], float, str | None]:
-    """Run one benchmark in a child process; (rows, seconds, error or None)."""
+def run_one(name: str, size: dict[str, Any]) -> tuple[Rows, str | None, float, str | None]:
+    """Run one benchmark in a child process; (rows, own table, seconds, error or None)."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vidrec-bench-all-") as tmp:
         out = Path(tmp) / "rows.json"
@@ -156,12 +165,13 @@ def run_one(name: str, size: dict[str, Any]) -> tuple[list[dict[str, Any]], floa
         try:
             proc = subprocess.run(cmd, cwd=ROOT, timeout=LIMIT_S, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
-            return [], time.perf_counter() - started, f"timeout after {LIMIT_S} s"
+            return [], None, time.perf_counter() - started, f"timeout after {LIMIT_S} s"
         seconds = time.perf_counter() - started
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            return [], seconds, f"failed (exit {proc.returncode}): {tail[0]}"
-        return json.loads(out.read_text()), seconds, None
+            return [], None, seconds, f"failed (exit {proc.returncode}): {tail[0]}"
+        rows, own = json.loads(out.read_text())
+        return rows, own, seconds, None
 
 
 def _num(value: float | None, unit: str = "") -> str:
@@ -253,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     per_bench: dict[str, str] = {}
     for name in names:
         print(f"running {name} {sizes[name]} ...", file=sys.stderr, flush=True)
-        got, seconds, error = run_one(name, sizes[name])
+        got, own, seconds, error = run_one(name, sizes[name])
         if error:
             print(f"  {name}: {error}", file=sys.stderr)
             rows.append(_row(name, "(did not finish)", 0.0, "", None, None) | {"error": error})
@@ -263,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         command = "vidrec bench all" + (" --quick" if args.quick else "") + f" --only {name}"
         per_bench[name] = (
             f"Last `vidrec bench all` run ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{seconds:.0f} s; alone: `{command}`), sizes {sizes[name]}:\n\n"
-            + table(got, where)
+            f"{seconds:.0f} s; alone: `{command}`), sizes {sizes[name]}; {where}:\n\n"
+            + (own or table(got, where))
         )
     print(text(rows, where))
     if not args.no_doc:
@@ -272,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         combined = (
             f"Command: `vidrec bench all{' --quick' if args.quick else ''}` "
             f"(or `python -m bench`), {stamp}; load average before {load_before:.2f}, "
-            f"after {os.getloadavg()[0]:.2f}.\n\n" + table(rows, where)
+            f"after {os.getloadavg()[0]:.2f}. `ratio` is ours over the floor in time (below 1 "
+            "beats the floor): sparse table / redis-py, training pipeline / bare model per "
+            "event, serving HTTP / the same pulls and ONNX run in-process; freshness has a "
+            "goal (p95 <= 2 s), not a floor.\n\n" + table(rows, where)
         )
         done = rewrite_doc(Path(args.doc), per_bench, combined)
         print(f"rewrote {', '.join(done)} in {args.doc}", file=sys.stderr)
