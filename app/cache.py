@@ -6,11 +6,16 @@ rows: most of its time. The same hot videos and feature rows recur across
 requests, so each serving process keeps what it read for ``ttl_ms``
 (``api.hot_row_cache_ttl_ms``) and asks Redis only for the rest.
 
-Freshness: a row, record or counter served from here is at most ``ttl_ms``
+Freshness: a sparse row or a counter served from here is at most ``ttl_ms``
 older than Redis, so with the default 500 ms the event-to-served-row time
-stays far inside its 2 s goal (see docs/benchmarks.md). Hiding a video
-through this process drops it from the cache at once; a hide through another
-process takes effect here within ``ttl_ms``.
+stays far inside its 2 s goal (see docs/benchmarks.md). Catalog records
+change rarely and cost the most to read (one JSON document to decode and
+validate per video), so they are kept longer: :data:`CATALOG_TTL_S` (or
+``ttl_ms`` if longer). An upsert or a hide through this process drops the
+records from the cache at once; one through another process (another API
+replica, a catalog import) takes effect here within :data:`CATALOG_TTL_S`:
+for that long a replica may still propose a video hidden elsewhere, or score
+a video with its old category, tags or duration.
 
 The in-process (memory) backends are read directly: their reads are already
 dict and array lookups, and a cache would only add staleness.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from itertools import repeat
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -33,6 +39,8 @@ from feature_store.sparse.base import SparseTable
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
+CATALOG_TTL_S = 5.0
+"""How long a catalog record read from Redis is reused (staleness across processes)."""
 MAX_ENTRIES = 500_000
 """Entries per cache before it is emptied (a crude bound on memory)."""
 
@@ -79,7 +87,9 @@ class RowCache:
         self.table = table
         self.ttl_s = ttl_s
         self.capacity = capacity
-        self._slots: dict[int, tuple[float, int]] = {}
+        self._slots: dict[int, int] = {}
+        self._expires = np.zeros(capacity, dtype=np.float64)
+        """Monotonic time each slot's row is good until."""
         self._rows = np.zeros((capacity, table.spec.dim), dtype=np.float32)
         self._next = 0
         self._lock = threading.Lock()
@@ -90,28 +100,28 @@ class RowCache:
 
     def _pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         now = time.monotonic()
-        slots = self._slots
-        found = [slots.get(k) for k in keys.tolist()]
-        hit = [i for i, e in enumerate(found) if e is not None and e[0] >= now]
-        out = np.empty((len(keys), self.table.spec.dim), dtype=np.float32)
-        if hit:
-            out[hit] = self._rows[[found[i][1] for i in hit]]  # type: ignore[index]
-        if len(hit) == len(keys):
-            return out
-        hit_set = set(hit)
-        miss = [i for i in range(len(keys)) if i not in hit_set]
-        rows = self.table.pull(keys[miss], train=False)
+        n = len(keys)
+        slot = np.fromiter(map(self._slots.get, keys.tolist(), repeat(-1, n)), np.int64, n)
+        hit = slot >= 0
+        hit[hit] = self._expires[slot[hit]] >= now
+        if hit.all():
+            return self._rows[slot]
+        out = np.empty((n, self.table.spec.dim), dtype=np.float32)
+        out[hit] = self._rows[slot[hit]]
+        miss = np.flatnonzero(~hit)
+        missing = keys[miss]
+        rows = self.table.pull(missing, train=False)
         out[miss] = rows
-        if self._next + len(miss) > self.capacity:
-            slots.clear()
+        m = len(miss)
+        if self._next + m > self.capacity:
+            self._slots.clear()
             self._next = 0
-        if len(miss) <= self.capacity:
+        if m <= self.capacity:
             start = self._next
-            self._rows[start : start + len(miss)] = rows
-            expires = now + self.ttl_s
-            for j, i in enumerate(miss):
-                slots[int(keys[i])] = (expires, start + j)
-            self._next += len(miss)
+            self._rows[start : start + m] = rows
+            self._expires[start : start + m] = now + self.ttl_s
+            self._slots.update(zip(missing.tolist(), range(start, start + m), strict=True))
+            self._next += m
         return out
 
 
@@ -131,7 +141,7 @@ class CachedReads:
         self.tables = tables
         self.enabled = enabled and ttl_ms > 0
         ttl_s = ttl_ms / 1000
-        self._videos: TtlCache[str, Video | None] = TtlCache(ttl_s)
+        self._videos: TtlCache[str, Video | None] = TtlCache(max(ttl_s, CATALOG_TTL_S))
         self._stats: TtlCache[str, VideoStats] = TtlCache(ttl_s)
         self._ttl_s = ttl_s
         self._rows = {name: RowCache(table, ttl_s) for name, table in tables.items()}

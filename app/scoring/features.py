@@ -385,7 +385,13 @@ class RequestFeatureExtractor(FeatureExtractor):
         known = itemgetter(*rows)(cached) if len(rows) > 1 else (cached[rows[0]],)
         if all(map(is_, known, stats)):
             return
-        changed = [i for i, (k, s) in enumerate(zip(known, stats, strict=True)) if k is not s]
+        # Another object with the same counters (a store's fresh zeros for a video
+        # without events) is no change; comparing costs only on a mismatch.
+        changed = [
+            i for i, (k, s) in enumerate(zip(known, stats, strict=True)) if k is not s and k != s
+        ]
+        if not changed:
+            return
         at = idx[changed]
         fresh = [stats[i] for i in changed]
         matrix = stats_matrix(fresh)

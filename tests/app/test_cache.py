@@ -75,3 +75,36 @@ def test_hide_through_this_process_applies_at_once_despite_the_cache(
         client.post("/v1/videos/hc1/hide", headers=KEY)
         ids = [i["video_id"] for i in client.post("/v1/recommend", json=ask).json()["items"]]
         assert sorted(ids) == ["hc0", "hc2"]
+
+
+@pytest.mark.redis
+def test_catalog_changes_from_another_process_apply_within_the_catalog_ttl(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.cache
+
+    monkeypatch.setattr(app.cache, "CATALOG_TTL_S", 0.4)
+    settings = make_settings(
+        tmp_path,
+        redis={"url": redis_url},
+        sparse={"backend": "redis"},
+        stores={"backend": "redis"},
+        api={"hot_row_cache_ttl_ms": 100},
+    )
+    with TestClient(create_app(settings)) as client:
+        service = service_of(client)
+        publish_model(service.resources.registry, service.resources.schema)
+        wait_for(lambda: service.model is not None)
+        videos = [json.loads(make_video(video_id=f"xp{i}").model_dump_json()) for i in range(3)]
+        client.put("/v1/videos", json={"videos": videos}, headers=KEY)
+        ask = {"user_id": "u1", "candidates": ["xp0", "xp1", "xp2"]}
+        assert len(client.post("/v1/recommend", json=ask).json()["items"]) == 3
+        service.resources.catalog.set_hidden("xp1", True)  # as another process would
+        started = time.monotonic()
+
+        def hidden() -> bool:
+            ids = [i["video_id"] for i in client.post("/v1/recommend", json=ask).json()["items"]]
+            return sorted(ids) == ["xp0", "xp2"]
+
+        wait_for(hidden, timeout_s=2)
+        assert time.monotonic() - started < 0.4 + 0.3
