@@ -102,24 +102,35 @@ def in_order(events: Iterable[Event]) -> list[Event]:
 def stats_deltas(events: Iterable[Event]) -> dict[str, StatsDelta]:
     """Per video, what ``events`` add to its counters (see the module table)."""
     deltas: dict[str, StatsDelta] = {}
+    counter_of = COUNTER_OF
     for event in events:
-        delta = deltas.setdefault(event.video_id, StatsDelta())
-        delta.last_ts = max(delta.last_ts, event.ts)
-        counter = COUNTER_OF.get(event.type)
+        delta = deltas.get(event.video_id)
+        if delta is None:
+            delta = deltas[event.video_id] = StatsDelta()
+        if event.ts > delta.last_ts:
+            delta.last_ts = event.ts
+        increments = delta.increments
+        counter = counter_of.get(event.type)
         if counter is not None:
-            delta.increments[counter] = delta.increments.get(counter, 0) + 1
-        if event.type in ADDS_WATCH_MS and event.watch_ms:
-            delta.increments["watch_ms"] = delta.increments.get("watch_ms", 0) + event.watch_ms
+            increments[counter] = increments.get(counter, 0) + 1
+        if event.watch_ms and event.type in ADDS_WATCH_MS:
+            increments["watch_ms"] = increments.get("watch_ms", 0) + event.watch_ms
     return deltas
 
 
 def apply_delta(stats: VideoStats, delta: StatsDelta) -> VideoStats:
-    """``stats`` with ``delta`` added (for backends that store whole records)."""
-    update: dict[str, int] = {
-        name: getattr(stats, name) + amount for name, amount in delta.increments.items()
-    }
-    update["last_ts"] = max(stats.last_ts, delta.last_ts)
-    return stats.model_copy(update=update)
+    """``stats`` with ``delta`` added (for backends that store whole records).
+
+    Builds the record from a copy of the fields rather than ``model_copy``,
+    whose generic copy machinery cost more than validating ten ints (it ran
+    for every video of every batch).
+    """
+    values = stats.__dict__.copy()
+    for name, amount in delta.increments.items():
+        values[name] += amount
+    if delta.last_ts > values["last_ts"]:
+        values["last_ts"] = delta.last_ts
+    return VideoStats(**values)
 
 
 def history_ratio(event: Event, durations_ms: Mapping[str, int], threshold: float) -> float | None:
@@ -148,19 +159,24 @@ def merge_history(
     thousand entries, so a list beats any cleverer structure.
     """
     entries = list(history)
+    ids = [entry.video_id for entry in entries]  # parallel to entries: list.index in C
     for event in events:
         ratio = history_ratio(event, durations_ms, threshold)
         if ratio is None:
             continue
-        ts = event.ts
-        for i, old in enumerate(entries):
-            if old.video_id == event.video_id:
-                del entries[i]
-                ratio = max(ratio, old.watch_ratio)
-                ts = max(ts, old.ts)
-                break
-        at = next((i for i, entry in enumerate(entries) if entry.ts <= ts), len(entries))
-        entries.insert(at, HistoryEntry(video_id=event.video_id, watch_ratio=ratio, ts=ts))
+        video_id, ts = event.video_id, event.ts
+        if video_id in ids:
+            i = ids.index(video_id)
+            old = entries[i]
+            del entries[i], ids[i]
+            ratio = max(ratio, old.watch_ratio)
+            ts = max(ts, old.ts)
+        if not entries or entries[0].ts <= ts:  # the usual case: the newest entry
+            at = 0
+        else:
+            at = next((i for i, entry in enumerate(entries) if entry.ts <= ts), len(entries))
+        entries.insert(at, HistoryEntry(video_id=video_id, watch_ratio=ratio, ts=ts))
+        ids.insert(at, video_id)
     del entries[length:]
     return entries
 
