@@ -332,10 +332,13 @@ class RequestFeatureExtractor(FeatureExtractor):
                 return np.fromiter(rows, np.int64, len(rows))
         for i, (row, video) in enumerate(zip(rows, videos, strict=True)):
             # Redis hands out new objects: compare the fields features read, not the object.
-            if row < 0 or (
-                cached[row] is not video and table.fingerprints[row] != _fingerprint(video)
-            ):
+            if row < 0:
                 rows[i] = self._add(video)
+            elif cached[row] is not video:
+                if table.fingerprints[row] != _fingerprint(video):
+                    rows[i] = self._add(video)
+                else:
+                    cached[row] = video  # the same record: next time the identity check holds
         return np.fromiter(rows, np.int64, len(rows))
 
     def _add(self, video: Video) -> int:
@@ -387,9 +390,13 @@ class RequestFeatureExtractor(FeatureExtractor):
             return
         # Another object with the same counters (a store's fresh zeros for a video
         # without events) is no change; comparing costs only on a mismatch.
-        changed = [
-            i for i, (k, s) in enumerate(zip(known, stats, strict=True)) if k is not s and k != s
-        ]
+        changed = []
+        for i, (k, s) in enumerate(zip(known, stats, strict=True)):
+            if k is not s:
+                if k != s:
+                    changed.append(i)
+                else:
+                    cached[rows[i]] = s  # next time the identity check holds
         if not changed:
             return
         at = idx[changed]
