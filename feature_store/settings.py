@@ -267,6 +267,15 @@ class TrainerSettings(_Section):
     network latency to a remote Redis (every push still completes before the
     dense step and any commit). 1 by default: against a Redis on the same 2
     cores, 4 threads measured no faster (the server's CPU is the limit)."""
+    overlap_push: bool = False
+    """Durable (Redis) tables: push a batch's gradients in a background thread
+    while the trainer does the dense step, records the activity and updates
+    its metrics; the batch's journal line is written only once every push
+    has landed, and the next pull waits for them. Off by default: on the
+    shared 2 cores the pushes took longer by about what they overlapped
+    (GIL and thread hand-off), so no net gain was measured. Ignored for the
+    memory tables (nothing to wait on) and with scale-out (``group_sync``),
+    whose progress marker follows the pushes directly."""
     prefetch: bool = False
     """Poll and decode the next batch in a second thread while this one trains.
 

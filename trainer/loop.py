@@ -26,7 +26,9 @@ Delivery guarantees (see ``docs/training.md`` for the full argument):
   skipped by the restored dedupe window.
 - With Redis sparse tables, pushes are durable the moment they happen and
   cannot be rolled back. Each batch's event ids are appended to a journal
-  right after its push, dense step and activity record; a restart adds the journal's ids to
+  right after its push, dense step and activity record (with
+  ``overlap_push`` the push runs beside the other two and the line waits
+  for it); a restart adds the journal's ids to
   the dedupe window, so redelivered events that were already pushed are
   skipped. The remaining gap is a crash between a batch's push and its
   journal line (one batch, milliseconds): that batch's rows get its
@@ -98,16 +100,17 @@ class OnlineTrainer:
         torch.manual_seed(cfg.seed)
         self.model = WideDeep(self.schema, cfg.hidden)
         self.durable_sparse = settings.sparse.backend != "memory"
+        self.group = open_group_sync(resources)  # scale-out (trainer/distributed.py); or None
         self.trainer = Trainer(
             self.schema,
             resources.tables,
             self.model,
             cfg.dense_learning_rate,
             io_threads=cfg.io_threads if self.durable_sparse else 1,
+            overlap_push=cfg.overlap_push and self.durable_sparse and self.group is None,
         )
         self.joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
         self.dedupe = DedupeWindow(cfg.dedupe_window)
-        self.group = open_group_sync(resources)  # scale-out (trainer/distributed.py); or None
         self.metrics = TrainerMetrics(cfg.metrics_window, registry)
         self.series = series
         self.root: Path = settings.data_dir / "trainer" / cfg.group_id
@@ -201,6 +204,7 @@ class OnlineTrainer:
                     self.train_records(records)
                 elif records is IDLE:
                     self._train_samples(self.joiner.flush_idle(int(time.time() * 1000)), None)
+                    self._retry(self.trainer.settle)
                 self._periodic(idle=not records)
         finally:
             self.state = "stopping"
@@ -235,6 +239,7 @@ class OnlineTrainer:
         keys = self._train_samples(samples, lookup)
         if events:
             self._retry(lambda: self.resources.activity.record(events, lookup.durations))
+        self._retry(self.trainer.settle)  # overlap_push: the pushes land before the journal line
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
                 self.positions[r.partition] = r.offset + 1
@@ -397,6 +402,7 @@ class OnlineTrainer:
 
     def checkpoint(self) -> None:
         """Write a checkpoint of the whole trained state, then commit its offsets."""
+        self._retry(self.trainer.settle)  # no push of a covered batch still in flight
         seq = self.seq + 1
         positions = dict(self.positions)
         if self.cfg.audit:

@@ -5,6 +5,16 @@ prequential metrics come from the forward pass *before* any parameter moves;
 the sparse pushes happen before the dense optimizer steps, and the caller
 commits offsets only after both (see :mod:`trainer.loop`).
 
+With ``overlap_push`` (durable tables, e.g. Redis) the pushes are handed to
+a background thread and the dense step runs at once; :meth:`Trainer.settle`
+waits for them. The caller settles before anything that must follow the
+pushes (its journal line, a checkpoint), and the next step settles before
+its pull, so every pull still sees every earlier push. The point is to let
+the trainer's own Python work (dense step, recording the activity, metrics)
+run while the Redis server applies the pushes on the other core. A push
+that fails is kept and only that table's push is run again by the next
+:meth:`Trainer.settle`: a table whose push succeeded is never pushed twice.
+
 Loss: the *sum* of per-sample (weighted) binary cross-entropy. Summing, not
 averaging, keeps each key's gradient proportional to how often the batch
 used it, independent of batch size; the sparse optimizers (Adagrad, FTRL)
@@ -14,7 +24,7 @@ normalise step sizes per key, and Adam is invariant to the scale.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -76,6 +86,7 @@ class Trainer:
         model: WideDeep,
         learning_rate: float,
         io_threads: int = 1,
+        overlap_push: bool = False,
     ) -> None:
         self.schema = schema
         self.tables = tables
@@ -85,11 +96,16 @@ class Trainer:
         self._table_names = list(schema.table_dims())
         self._pool = (
             ThreadPoolExecutor(io_threads, thread_name_prefix="vidrec-table-io")
-            if io_threads > 1
+            if io_threads > 1 or overlap_push
             else None
         )
+        self.overlap_push = overlap_push
+        self._io_threads = io_threads
+        self._pending: list[tuple[Callable[[], None], Future[None] | None]] = []
+        """Pushes of the last step not yet settled: (call, future), or (call, None) to rerun."""
 
     def close(self) -> None:
+        """Waits for pushes in flight (their outcome is the next settle's, if any)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None  # later steps (a restarted loop) run sequentially
@@ -100,7 +116,7 @@ class Trainer:
         Every call completes (or fails) before this returns, so no push is
         still in flight when the caller commits; the first error is raised.
         """
-        if self._pool is None:
+        if self._pool is None or self._io_threads == 1:
             return [call() for call in calls]
         futures = [self._pool.submit(call) for call in calls]
         wait(futures)
@@ -123,6 +139,7 @@ class Trainer:
         weights: npt.NDArray[np.float32],
     ) -> StepResult:
         """Train on one extracted batch; returns the pre-update scores."""
+        self.settle()  # the previous step's pushes land before this pull
         table_rows, wide_rows = self.pull(batch, train=True)
         inputs = to_inputs(self.schema, batch, table_rows, wide_rows, requires_grad=True)
         self.model.train()
@@ -142,14 +159,41 @@ class Trainer:
         wide_grad = inputs[n + len(self.schema.embedded)].grad
         if wide_grad is not None and len(batch.wide_keys):
             pushes.append(partial(self.tables[WIDE_TABLE].push, batch.wide_keys, wide_grad.numpy()))
-        self._each(pushes)
+        if self.overlap_push and self._pool is not None:
+            self._pending = [(call, self._pool.submit(call)) for call in pushes]
+        else:
+            self._each(pushes)
         self.optimizer.step()
         scores = torch.sigmoid(logits.detach()).double().numpy()
         return StepResult(scores, float(loss.detach()), batch.unique_key_count)
 
+    def settle(self) -> None:
+        """Wait for the last step's pushes; rerun any that failed; raise if one still fails.
+
+        Raises the first push error (e.g. ``SparseTableUnavailable``) after
+        every push of the step has finished; the failed ones stay pending, so
+        calling again (the loop's retry) pushes exactly those tables.
+        """
+        pending, self._pending = self._pending, []
+        failed: list[tuple[Callable[[], None], Future[None] | None]] = []
+        error: BaseException | None = None
+        for call, future in pending:
+            try:
+                if future is None:
+                    call()
+                else:
+                    future.result()
+            except Exception as exc:
+                failed.append((call, None))
+                error = error or exc
+        if error is not None:
+            self._pending = failed
+            raise error
+
     @torch.no_grad()
     def score(self, batch: BatchFeatures) -> npt.NDArray[np.float64]:
         """Predicted probabilities without training or admitting keys."""
+        self.settle()
         table_rows, wide_rows = self.pull(batch, train=False)
         self.model.eval()
         out = self.model(*to_inputs(self.schema, batch, table_rows, wide_rows))

@@ -65,6 +65,12 @@ def test_valid_event_round_trips_through_the_wire_format(validator: EventValidat
         ({"context": {"device": "phone", "mood": "happy"}}, "context.mood"),
         ({"context": {"position": -3}}, "context.position"),
         ({"recommendation_id": "r 1"}, "recommendation_id"),
+        # the three ids are checked in one regex; a refusal still names the first bad one
+        ({"event_id": "e-1\n"}, "event_id"),
+        ({"video_id": "v1\n"}, "video_id"),
+        ({"user_id": "u 1", "video_id": ""}, "user_id"),
+        ({"event_id": "x" * 129, "video_id": "bad id"}, "event_id"),
+        ({"user_id": "u1 v1", "video_id": "v1"}, "user_id"),
     ],
 )
 def test_refusals_name_the_field(
