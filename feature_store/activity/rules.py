@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.events import Event, EventType
@@ -87,6 +88,9 @@ class StatsDelta:
     """Latest event time of the batch for this video, ms."""
 
 
+_BY_TS = attrgetter("ts")
+
+
 def in_order(events: Iterable[Event]) -> list[Event]:
     """Events by ``ts`` (stable), each ``event_id`` once: the order a batch applies in."""
     seen: set[str] = set()
@@ -95,7 +99,7 @@ def in_order(events: Iterable[Event]) -> list[Event]:
         if event.event_id not in seen:
             seen.add(event.event_id)
             unique.append(event)
-    unique.sort(key=lambda event: event.ts)
+    unique.sort(key=_BY_TS)
     return unique
 
 
@@ -158,12 +162,16 @@ def merge_history(
     Linear in ``length`` per qualifying event: histories hold at most a
     thousand entries, so a list beats any cleverer structure.
     """
+    qualifying = [
+        (event, ratio)
+        for event in events
+        if (ratio := history_ratio(event, durations_ms, threshold)) is not None
+    ]
+    if not qualifying:  # most users of a batch: impressions and short plays only
+        return list(history[:length])
     entries = list(history)
     ids = [entry.video_id for entry in entries]  # parallel to entries: list.index in C
-    for event in events:
-        ratio = history_ratio(event, durations_ms, threshold)
-        if ratio is None:
-            continue
+    for event, ratio in qualifying:
         video_id, ts = event.video_id, event.ts
         if video_id in ids:
             i = ids.index(video_id)
