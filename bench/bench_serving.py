@@ -13,7 +13,8 @@
    A retrieval run (no candidates: the sources pick up to 500) follows.
 4. Measures the floor in this process on the same data: the same sparse pulls
    and ONNX run for the same requests, without HTTP, JSON or candidate work,
-   and the whole in-process recommend for reference.
+   the whole in-process recommend for reference, and each recommend stage's
+   mean CPU time (``floor.stage_cpu_ms``, ``time.thread_time``).
 
 Results are printed and written to ``bench/results/serving.json``. The
 client shares the machine's cores with the server, as a second process on
@@ -263,9 +264,63 @@ def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dic
         return {
             "pull_and_onnx": summary(pull_run),
             "recommend_in_process": summary(features),
+            "stage_cpu_ms": stage_cpu(service, requests, total),
             "provider": model.provider,
             "unique_keys_per_request": int(np.mean([b.unique_key_count for b in prepared])),
         }
+
+
+def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[str, float]:
+    """Mean CPU time (``time.thread_time``) of each recommend stage, in ms.
+
+    The stages run as :class:`app.recommender.Recommender` runs them, one
+    request after another cycling through ``requests``; thread CPU time is
+    steadier than wall time on a shared machine.
+    """
+    from app.api.recommend import parse_request
+    from app.candidates.retrieval import CandidateFilter
+    from app.candidates.sources import REQUEST
+
+    rec, scorer, reads, model = service.recommender, service.scorer, service.reads, service.model
+    bodies = [json.dumps(b).encode() for b in requests]
+    spent: dict[str, float] = {}
+    clock = time.thread_time
+    now = int(time.time() * 1000)
+    for i in range(total):
+        body = bodies[i % len(bodies)]
+        t0 = clock()
+        req = parse_request("application/json", body)
+        t1 = clock()
+        count = rec.validate(req)
+        t2 = clock()
+        history = rec.activity.history(req.user_id)
+        proposed = [(v, REQUEST) for v in dict.fromkeys(req.candidates or [])]
+        candidates = rec.retriever.resolve(proposed, CandidateFilter(), rec.settings.max_candidates)
+        t3 = clock()
+        videos = [c.video for c in candidates]
+        stats = reads.stats([v.video_id for v in videos])
+        t4 = clock()
+        batch = scorer.features(req.user_id, now, req.context, history, videos, stats)
+        t5 = clock()
+        rows, wide = scorer.pull(batch, model)
+        t6 = clock()
+        scores = scorer.run(model, batch, rows, wide)
+        t7 = clock()
+        rec._respond(candidates, scores, count, model.version, None).model_dump_json()
+        t8 = clock()
+        for stage, seconds in (
+            ("parse", t1 - t0),
+            ("validate", t2 - t1),
+            ("candidates", t3 - t2),
+            ("counters", t4 - t3),
+            ("features", t5 - t4),
+            ("pull", t6 - t5),
+            ("onnx", t7 - t6),
+            ("respond", t8 - t7),
+            ("total", t8 - t0),
+        ):
+            spent[stage] = spent.get(stage, 0.0) + seconds
+    return {stage: round(seconds * 1000 / total, 3) for stage, seconds in spent.items()}
 
 
 def main() -> int:
