@@ -112,3 +112,24 @@ def test_promoted_family_is_served_from_its_own_tables_and_rolls_back(
         registry.rollback()
         wait_for(lambda: served(service, live))
         assert scores(client) == (live, before)
+
+
+def test_embedded_promoted_family_still_serves_after_a_restart(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data")
+    with TestClient(create_app(settings)) as client:
+        service = service_of(client)
+        resources = service.resources
+        resources.catalog.upsert(VIDEOS)
+        publish_model(resources.registry, resources.schema, seed=3)
+        with family_tables(service, "memory") as tables:
+            stats = resources.activity.video_stats([v.video_id for v in VIDEOS])
+            now_ms = int(time.time() * 1000)
+            batch = service.scorer.features("u1", now_ms, EventContext(), [], VIDEOS, stats)
+            tables["video"].pull(batch.table_keys["video"], train=True)
+            promoted = publish_model(resources.registry, resources.schema, family=FAMILY, seed=3)
+            wait_for(lambda: served(service, promoted))
+            before = scores(client)
+    with TestClient(create_app(settings)) as client:  # the family's tables come from disk
+        service = service_of(client)
+        wait_for(lambda: served(service, promoted))
+        assert scores(client) == before
