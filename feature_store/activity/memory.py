@@ -10,8 +10,6 @@ first) or per video's counters (``{"video_id": ..., "stats": {...}}``).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -19,7 +17,7 @@ from types import TracebackType
 
 from feature_store.activity import rules
 from feature_store.activity.base import HistoryEntry, VideoStats
-from feature_store.catalog.memory import fsync_directory
+from feature_store.atomic import atomic_text
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.events import Event
 from feature_store.settings import FeatureSettings
@@ -54,22 +52,13 @@ def write_snapshot(
     a crash leaves the old snapshot or the new one, never a mix.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{SNAPSHOT_FILE}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for user_id, history in histories:
-                user = {"user_id": user_id, "history": encode_entries(history)}
-                out.write(json.dumps(user, separators=(",", ":")) + "\n")
-            for video_id, counters in stats:
-                video = {"video_id": video_id, "stats": counters.model_dump()}
-                out.write(json.dumps(video, separators=(",", ":")) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, directory / SNAPSHOT_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(directory)
+    with atomic_text(directory / SNAPSHOT_FILE) as out:
+        for user_id, history in histories:
+            user = {"user_id": user_id, "history": encode_entries(history)}
+            out.write(json.dumps(user, separators=(",", ":")) + "\n")
+        for video_id, counters in stats:
+            video = {"video_id": video_id, "stats": counters.model_dump()}
+            out.write(json.dumps(video, separators=(",", ":")) + "\n")
 
 
 def read_snapshot(directory: Path) -> Iterator[Record]:

@@ -7,14 +7,13 @@ snapshot taken from one restores into another.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from feature_store.atomic import atomic_text
 from feature_store.catalog.base import Video
 from feature_store.errors import InvalidInput, NotFound
 
@@ -37,33 +36,10 @@ def write_snapshot(directory: Path, videos: Iterable[Video]) -> None:
     crash leaves either the old snapshot or the new one, never half of one.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{SNAPSHOT_FILE}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for video in videos:
-                out.write(video.model_dump_json())
-                out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, directory / SNAPSHOT_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(directory)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (POSIX; a no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_text(directory / SNAPSHOT_FILE) as out:
+        for video in videos:
+            out.write(video.model_dump_json())
+            out.write("\n")
 
 
 def read_snapshot(directory: Path) -> Iterator[Video]:

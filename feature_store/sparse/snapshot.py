@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from feature_store.atomic import fsync_directory
 from feature_store.errors import ConfigurationError, InvalidInput
 from feature_store.sparse.base import Keys, Rows, TableSpec
 
@@ -133,20 +134,7 @@ def _swap_in(tmp: Path, directory: Path, tag: str) -> None:
         raise
     if had_old:
         shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(directory.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+    fsync_directory(directory.parent)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
