@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from bench.machine import cpu_model
 from feature_store.settings import SparseSettings
 from feature_store.sparse import MemorySparseTable, RedisSparseTable, TableSpec
 
@@ -56,17 +57,8 @@ def _median_rate(fn: Callable[[int], object], keys_per_call: int, iterations: in
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(platform.processor() or platform.machine()),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": np.__version__,

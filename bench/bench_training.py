@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch.nn import functional
 
+from bench.machine import cpu_model
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
 from feature_store.synthetic import SyntheticWorld, WorldConfig
@@ -50,17 +51,8 @@ from trainer.step import to_inputs
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(platform.processor() or platform.machine()),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

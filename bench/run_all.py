@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.machine import cpu_model
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 LIMIT_S = 300
@@ -59,14 +61,7 @@ QUICK: dict[str, dict[str, Any]] = {
 
 
 def machine() -> str:
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
+    cpu = cpu_model(platform.machine())
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
