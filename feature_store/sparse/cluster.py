@@ -466,13 +466,7 @@ class ClusterSparseTable:
             state_parts.append(state[ok])
             updated_parts.append((now - (self._ttl_s - remaining_s))[ok])
         if not key_parts:
-            return SnapshotData(
-                self.spec,
-                np.zeros(0, np.uint64),
-                np.zeros((0, self.spec.dim), np.float32),
-                np.zeros((0, self.state_width), np.float32),
-                np.zeros(0, np.float64),
-            )
+            return SnapshotData.empty(self.spec, self.state_width)
         return SnapshotData(
             self.spec,
             np.concatenate(key_parts),

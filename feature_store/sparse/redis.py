@@ -417,13 +417,7 @@ class RedisSparseTable:
         except (redis.RedisError, OSError) as exc:
             raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
         if not key_parts:
-            return SnapshotData(
-                self.spec,
-                np.zeros(0, np.uint64),
-                np.zeros((0, self.spec.dim), np.float32),
-                np.zeros((0, self.state_width), np.float32),
-                np.zeros(0, np.float64),
-            )
+            return SnapshotData.empty(self.spec, self.state_width)
         keys = np.concatenate(key_parts)
         order = np.argsort(keys)
         return SnapshotData(

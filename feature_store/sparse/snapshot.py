@@ -69,6 +69,17 @@ class SnapshotData:
         if self.updated_at.shape != (n,):
             raise InvalidInput("snapshot.updated_at", f"shape {self.updated_at.shape}, want ({n},)")
 
+    @classmethod
+    def empty(cls, spec: TableSpec, state_width: int) -> SnapshotData:
+        """No rows, with the shapes a table of ``spec`` and ``state_width`` would write."""
+        return cls(
+            spec,
+            np.zeros(0, np.uint64),
+            np.zeros((0, spec.dim), np.float32),
+            np.zeros((0, state_width), np.float32),
+            np.zeros(0, np.float64),
+        )
+
     def live(self, now_s: float, ttl_s: float) -> SnapshotData:
         """The rows not yet expired at ``now_s`` (a snapshot restored later keeps row ages)."""
         keep = self.updated_at + ttl_s > now_s
