@@ -102,7 +102,8 @@ def test_extraction_indexes_unique_keys_per_table() -> None:
     history = batch.column_indices["history"]
     assert history.shape == (3, schema.multi_valued[1].max_len)
     pad = len(video_keys)
-    assert list(history[0][:3]) == [pulled[feature_key("video", "v2")], pulled[feature_key("video", "v3")], pad]
+    v2, v3 = pulled[feature_key("video", "v2")], pulled[feature_key("video", "v3")]
+    assert list(history[0][:3]) == [v2, v3, pad]
     assert (history[2] == pad).all()  # empty history is all padding
 
     assert len(batch.table_keys["user"]) == 2
