@@ -112,9 +112,10 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
             history = res.activity.history(req.user_id)
             stats = res.activity.video_stats([v.video_id for v in cand])
             batch = extractor.extract_request(req.user_id, now, req.context, history, cand, stats)
+            # Admits (rows get initial weights); training pulls take unique keys.
             for table, keys in batch.table_keys.items():
-                res.tables[table].pull(keys, train=True)  # admits: rows get initial weights
-            res.tables[WIDE_TABLE].pull(batch.wide_keys, train=True)
+                res.tables[table].pull(np.unique(keys), train=True)
+            res.tables[WIDE_TABLE].pull(np.unique(batch.wide_keys), train=True)
         version = publish(
             res.registry,
             WideDeep(res.schema),

@@ -14,17 +14,30 @@ latency budget. A recommendation request has structure it can exploit:
   and recomputed for a video whose counters object changed, so a request
   computes only the clock- and user-dependent ones (age, recency, history).
 
-The result is the same :class:`~feature_store.features.BatchFeatures` the
-generic extractor produces for the equivalent :class:`FeatureRow` list (a
-test checks equality), indexed by the same code (the base class's
-``_index_tables`` and ``_index_wide``), so training and serving cannot drift.
-Columns whose source this module does not know fall back to the generic path.
+- keys are deduplicated without sorting: each distinct value of a video
+  column (creator, category, tags...) gets a small integer *code* when its
+  video is first cached, so a request's distinct creators are a marker array
+  over codes (O(candidates)) instead of an ``argsort`` of 64-bit keys; a
+  cross of a user/context column with one video column is mixed only for
+  that column's distinct keys, and shares its indices. Video ids are not
+  deduplicated at all (candidates are distinct; a history video that is
+  also a candidate is pulled twice, the same row).
+
+The result means what the generic extractor's
+:class:`~feature_store.features.BatchFeatures` for the equivalent
+:class:`FeatureRow` list means: for every column and row, the key its index
+points at is the same key (tests check this), so training and serving cannot
+drift. Only the order of a table's keys differs (the trainer's are sorted and
+unique; these are grouped by column), which the model never sees: it gathers
+rows by index. Columns whose source this module does not know fall back to
+the generic path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter, is_, itemgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -106,8 +119,42 @@ def unique_inverse(parts: Sequence[Keys]) -> tuple[Keys, list[npt.NDArray[np.int
     return ordered[distinct], np.split(inverse, bounds)
 
 
+class _Codes:
+    """Small integer codes for the distinct keys of one video column.
+
+    A code is given when a video carrying the key is cached, so a request
+    finds its distinct keys with a marker array over codes (:meth:`distinct`)
+    rather than by sorting 64-bit keys. Codes are never reused: the table
+    that owns them is emptied, codes included, at ``_CACHE_MAX`` videos.
+    """
+
+    def __init__(self) -> None:
+        self.code_of: dict[int, int] = {}
+        self.keys = np.zeros(256, dtype=np.uint64)
+        """Code to key."""
+
+    def code(self, key: int) -> int:
+        code = self.code_of.get(key)
+        if code is None:
+            code = self.code_of[key] = len(self.code_of)
+            if code == len(self.keys):
+                self.keys = np.concatenate([self.keys, np.zeros_like(self.keys)])
+            self.keys[code] = key
+        return code
+
+    def distinct(self, codes: npt.NDArray[np.int32]) -> tuple[Keys, Indices]:
+        """The distinct keys among ``codes`` (in code order) and each code's position in them."""
+        n = len(self.code_of)
+        mark = np.zeros(n, dtype=np.bool_)
+        mark[codes] = True
+        present = np.flatnonzero(mark)
+        position = np.empty(n, dtype=np.int64)
+        position[present] = np.arange(len(present))
+        return self.keys[present], position[codes]
+
+
 class _VideoTable:
-    """Video-level keys and numbers of every video seen, one row per video.
+    """Video-level keys, codes and numbers of every video seen, one row per video.
 
     Gathering 500 rows is one fancy-indexing op per matrix instead of 500
     Python-level conversions. A row is reused while its catalog record is the
@@ -117,49 +164,70 @@ class _VideoTable:
     recomputed when another object comes (the stores hand out immutable
     counters: the memory store the same object until it changes, the service's
     Redis cache the same object for its TTL). Emptied at ``_CACHE_MAX`` rows.
+
+    Video ids get no codes (``coders[j] is None``): every video has its own,
+    and a request's candidates are distinct already.
     """
 
-    def __init__(self, n_categorical: int, multi_lens: dict[str, int], n_dense: int) -> None:
-        self.n_categorical = n_categorical
+    def __init__(self, coded: list[bool], multi_lens: dict[str, int], n_dense: int) -> None:
+        self.coded = coded
         self.multi_lens = multi_lens
         self.n_dense = n_dense
         self.clear()
 
     def clear(self, capacity: int = 1024) -> None:
+        n_categorical = len(self.coded)
         self.row_of: dict[str, int] = {}
         self.videos: list[Video] = []
         self.fingerprints: list[tuple[object, ...]] = []
-        self.categorical = np.zeros((capacity, self.n_categorical), dtype=np.uint64)
+        self.categorical = np.zeros((capacity, n_categorical), dtype=np.uint64)
+        self.codes = np.zeros((capacity, n_categorical), dtype=np.int32)
+        self.coders = [_Codes() if coded else None for coded in self.coded]
         self.numbers = np.zeros((capacity, 2), dtype=np.float64)
         self.multi = {
             n: np.zeros((capacity, k), dtype=np.uint64) for n, k in self.multi_lens.items()
         }
+        self.multi_codes = {
+            n: np.zeros((capacity, k), dtype=np.int32) for n, k in self.multi_lens.items()
+        }
+        self.multi_coders = {n: _Codes() for n in self.multi_lens}
         self.multi_len = {n: np.zeros(capacity, dtype=np.int64) for n in self.multi_lens}
         self.stats_of: list[VideoStats | None] = []
         self.stats = np.zeros((capacity, len(STAT_FIELDS)), dtype=np.float64)
         self.dense = np.zeros((capacity, self.n_dense), dtype=np.float32)
 
+    def _grow(self) -> None:
+        def doubled(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+            return np.concatenate([array, np.zeros_like(array)])
+
+        self.categorical = doubled(self.categorical)
+        self.codes = doubled(self.codes)
+        self.numbers = doubled(self.numbers)
+        self.stats = doubled(self.stats)
+        self.dense = doubled(self.dense)
+        for n in self.multi:
+            self.multi[n] = doubled(self.multi[n])
+            self.multi_codes[n] = doubled(self.multi_codes[n])
+            self.multi_len[n] = doubled(self.multi_len[n])
+
     def add(self, video: Video, categorical: list[int], multi: dict[str, Keys]) -> int:
         row = len(self.videos)
         if row == len(self.numbers):
-            grow = len(self.numbers)
-            self.categorical = np.concatenate(
-                [self.categorical, np.zeros_like(self.categorical[:grow])]
-            )
-            self.numbers = np.concatenate([self.numbers, np.zeros_like(self.numbers[:grow])])
-            self.stats = np.concatenate([self.stats, np.zeros_like(self.stats[:grow])])
-            self.dense = np.concatenate([self.dense, np.zeros_like(self.dense[:grow])])
-            for n in self.multi:
-                self.multi[n] = np.concatenate([self.multi[n], np.zeros_like(self.multi[n][:grow])])
-                self.multi_len[n] = np.concatenate([self.multi_len[n], np.zeros(grow, np.int64)])
+            self._grow()
         self.videos.append(video)
         self.stats_of.append(None)
         self.fingerprints.append(_fingerprint(video))
         self.row_of[video.video_id] = row
         self.categorical[row] = categorical
+        self.codes[row] = [
+            coder.code(key) if coder is not None else 0
+            for coder, key in zip(self.coders, categorical, strict=True)
+        ]
         self.numbers[row] = (video.uploaded_at, video.duration_ms)
         for n, keys in multi.items():
+            coder = self.multi_coders[n]
             self.multi[n][row, : len(keys)] = keys
+            self.multi_codes[n][row, : len(keys)] = [coder.code(k) for k in keys.tolist()]
             self.multi_len[n][row] = len(keys)
         return row
 
@@ -191,7 +259,7 @@ class RequestFeatureExtractor(FeatureExtractor):
             if c.source not in VIDEO_DENSE
         ]
         self._table = _VideoTable(
-            len(self._video_columns),
+            [c.source != "video_id" for c in self._video_columns],
             {c.name: c.max_len for c in self._video_multi},
             len(self._video_dense),
         )
@@ -216,17 +284,22 @@ class RequestFeatureExtractor(FeatureExtractor):
         template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
         idx = self._rows_of(videos)
         table = self._table
-        per_row: dict[str, Keys] = {}
-        """Categorical columns that vary by video: (B,) keys."""
+        varying: dict[str, tuple[Keys, Indices]] = {}
+        """Categorical columns of the videos: their distinct keys, each row's position in them."""
         constant: dict[str, Keys] = {}
         """Categorical columns of the user and context: one key, the same for every row."""
         shared: dict[str, Keys] = {}
         """Multi-valued columns of the user (history): the same list for every row."""
-        ragged: dict[str, tuple[Keys, npt.NDArray[np.int64]]] = {}
-        """Multi-valued columns of the videos (tags): flat keys and per-row counts."""
-        gathered = table.categorical[idx]
+        ragged: dict[str, tuple[Keys, Indices, npt.NDArray[np.bool_]]] = {}
+        """Multi-valued columns of the videos (tags): distinct keys, positions, ``(B, L)`` mask."""
+        keys = table.categorical[idx]
+        codes = table.codes[idx]
         for j, col in enumerate(self._video_columns):
-            per_row[col.name] = gathered[:, j]
+            coder = table.coders[j]
+            if coder is None:
+                varying[col.name] = (keys[:, j], np.arange(batch, dtype=np.int64))
+            else:
+                varying[col.name] = coder.distinct(codes[:, j])
         for col in self.schema.categorical:
             if col.source in REQUEST_CATEGORICAL:
                 value = CATEGORICAL_SOURCES[col.source](template)
@@ -238,87 +311,116 @@ class RequestFeatureExtractor(FeatureExtractor):
             else:
                 counts = table.multi_len[multi.name][idx]
                 mask = np.arange(multi.max_len) < counts[:, None]
-                ragged[multi.name] = (table.multi[multi.name][idx][mask], counts)
+                flat = table.multi_codes[multi.name][idx][mask]
+                ragged[multi.name] = (*table.multi_coders[multi.name].distinct(flat), mask)
         table_keys, column_indices = self._index_request_tables(
-            batch, per_row, constant, shared, ragged
+            batch, varying, constant, shared, ragged
         )
-        wide_keys, wide_indices = self._index_request_wide(batch, per_row, constant)
+        wide_keys, wide_indices = self._index_request_wide(batch, varying, constant)
         dense = self._dense(ts_ms, history, idx, stats)
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
 
     def _index_request_tables(
         self,
         batch: int,
-        per_row: dict[str, Keys],
+        varying: dict[str, tuple[Keys, Indices]],
         constant: dict[str, Keys],
         shared: dict[str, Keys],
-        ragged: dict[str, tuple[Keys, npt.NDArray[np.int64]]],
+        ragged: dict[str, tuple[Keys, Indices, npt.NDArray[np.bool_]]],
     ) -> tuple[dict[str, Keys], dict[str, Indices]]:
-        """Unique keys per table and indices into them; same result as the base class.
+        """Keys per table, one block per column, and each column's indices into them.
 
-        The unique set is built from each column's *distinct* inputs (one key
-        for a user column, the history once rather than once per row), then
-        every index is a position in it (:func:`unique_inverse`): sorted unique
-        keys and their positions are exactly what ``np.unique(...,
-        return_inverse=True)`` gives.
+        A column's block holds its distinct keys (see the module docstring);
+        two columns of one table (videos and the history) are not merged, so
+        a key in both is pulled twice: the same row, at no cost to scores.
         """
         table_keys: dict[str, Keys] = {}
         column_indices: dict[str, Indices] = {}
         for table, columns in self._by_table.items():
-            parts = []
-            for col in columns:
+            blocks = [
+                constant[c.name]
+                if c.name in constant
+                else shared[c.name]
+                if c.name in shared
+                else (varying[c.name] if c.name in varying else ragged[c.name])[0]
+                for c in columns
+            ]
+            table_keys[table] = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+            pad = sum(map(len, blocks))
+            start = 0
+            for col, block in zip(columns, blocks, strict=True):
                 name = col.name
                 if name in constant:
-                    parts.append(constant[name])
-                elif name in per_row:
-                    parts.append(per_row[name])
-                elif name in shared:
-                    parts.append(shared[name])
-                else:
-                    parts.append(ragged[name][0])
-            unique, positions = unique_inverse(parts)
-            table_keys[table] = unique
-            pad = len(unique)
-            for col, at in zip(columns, positions, strict=True):
-                name = col.name
-                if name in constant:
-                    column_indices[name] = np.full(batch, int(at[0]), dtype=np.int64)
-                elif name in per_row:
-                    column_indices[name] = at
-                elif isinstance(col, MultiValued) and name in shared:
-                    padded = np.full((batch, col.max_len), pad, dtype=np.int64)
-                    padded[:, : len(at)] = at
-                    column_indices[name] = padded
+                    column_indices[name] = np.full(batch, start, dtype=np.int64)
+                elif name in varying:
+                    at = varying[name][1]
+                    column_indices[name] = at + start if start else at
                 elif isinstance(col, MultiValued):
-                    counts = ragged[name][1]
                     padded = np.full((batch, col.max_len), pad, dtype=np.int64)
-                    padded[np.arange(col.max_len) < counts[:, None]] = at
+                    if name in shared:
+                        padded[:, : len(block)] = np.arange(start, start + len(block))
+                    else:
+                        _, at, mask = ragged[name]
+                        padded[mask] = at + start
                     column_indices[name] = padded
+                start += len(block)
         return table_keys, column_indices
 
     def _index_request_wide(
-        self, batch: int, per_row: dict[str, Keys], constant: dict[str, Keys]
+        self,
+        batch: int,
+        varying: dict[str, tuple[Keys, Indices]],
+        constant: dict[str, Keys],
     ) -> tuple[Keys, Indices]:
-        """The wide part's unique keys and ``(B, W)`` indices; same result as the base class."""
-        parts: list[Keys] = [
-            constant[c.name] if c.name in constant else per_row[c.name]
-            for c in self.schema.categorical
-            if c.wide
-        ]
+        """The wide part's keys, one block per wide column, and ``(B, W)`` indices.
+
+        A cross of user/context columns with one video column is mixed for that
+        column's distinct keys only and shares its positions; a cross of two or
+        more video columns is mixed per row and deduplicated by sorting.
+        """
+        blocks: list[Keys] = []
+        positions: list[Indices | None] = []
+        """Per wide column: each row's position in its block (None: one key for all)."""
+        for col in self.schema.categorical:
+            if col.wide:
+                if col.name in constant:
+                    blocks.append(constant[col.name])
+                    positions.append(None)
+                else:
+                    blocks.append(varying[col.name][0])
+                    positions.append(varying[col.name][1])
         for cross, seed in self._cross_seeds:
-            # cross_keys' mix, with user/context parts kept as one key until a
-            # per-video part comes: the same keys, fewer 500-wide mixes.
+            by_video = {name for name in cross.columns if name not in constant}
+            if len(by_video) > 1:  # per row, then sorted
+                acc = seed
+                for name in cross.columns:
+                    part = constant.get(name)
+                    if part is None:
+                        distinct, at = varying[name]
+                        part = distinct[at]
+                    acc = splitmix64(acc ^ part)
+                unique, (at,) = unique_inverse([acc])
+                blocks.append(unique)
+                positions.append(at)
+                continue
+            # cross_keys' mix over the one video column's distinct keys (or one key).
+            distinct, at = varying[by_video.pop()] if by_video else (None, None)
             acc = seed
             for name in cross.columns:
-                acc = splitmix64(acc ^ (constant[name] if name in constant else per_row[name]))
-            parts.append(acc)  # one key when every part is the user's or the context's
-        if not parts:
+                acc = splitmix64(acc ^ (constant[name] if name in constant else distinct))
+            blocks.append(acc)
+            positions.append(at)
+        if not blocks:
             return np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
-        unique, positions = unique_inverse(parts)
-        indices = np.empty((batch, len(parts)), dtype=np.int64)
-        for j, at in enumerate(positions):
-            indices[:, j] = at
-        return unique, indices
+        indices = np.empty((batch, len(blocks)), dtype=np.int64)
+        start = 0
+        for j, (block, at) in enumerate(zip(blocks, positions, strict=True)):
+            if at is None:
+                indices[:, j] = start
+            else:
+                np.add(at, start, out=indices[:, j])
+            start += len(block)
+        return np.concatenate(blocks), indices
 
     def _rows_of(self, videos: Sequence[Video]) -> npt.NDArray[np.int64]:
         table = self._table

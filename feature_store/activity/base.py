@@ -57,6 +57,11 @@ class VideoStats(BaseModel):
         return self.plays + self.finishes + self.likes + self.shares
 
 
+NO_STATS = VideoStats()
+"""The counters of a video without events. Shared (the model is frozen), so a
+reader comparing by identity, like the serving feature cache, sees no change."""
+
+
 @runtime_checkable
 class ActivityStore(Protocol):
     """Per-user history and per-video counters. Backends: ``memory``, ``redis``."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 from feature_store.activity import rules
-from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
 from feature_store.atomic import atomic_text
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.events import Event
@@ -131,7 +131,7 @@ class MemoryActivity:
                 if new:
                     self._histories[user_id] = tuple(new)
             for video_id, delta in deltas.items():
-                old_stats = self._stats.get(video_id) or VideoStats()
+                old_stats = self._stats.get(video_id) or NO_STATS
                 self._stats[video_id] = rules.apply_delta(old_stats, delta)
 
     def history(self, user_id: str, limit: int | None = None) -> list[HistoryEntry]:
@@ -147,9 +147,8 @@ class MemoryActivity:
 
     def video_stats(self, video_ids: Sequence[str]) -> list[VideoStats]:
         """Counters in the order asked; zeros for unknown videos."""
-        zero = VideoStats()
         with self._lock:
-            return [self._stats.get(video_id, zero) for video_id in video_ids]
+            return [self._stats.get(video_id, NO_STATS) for video_id in video_ids]
 
     def snapshot(self, directory: Path) -> None:
         """Write every history and counter to ``directory`` (atomic replace).

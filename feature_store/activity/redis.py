@@ -35,7 +35,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from feature_store.activity import rules
-from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
 from feature_store.activity.memory import (
     decode_entry,
     encode_entries,
@@ -85,6 +85,8 @@ def _decode(raw: Sequence[bytes | str]) -> list[HistoryEntry]:
 
 
 def _stats(raw: dict[Any, Any]) -> VideoStats:
+    if not raw:
+        return NO_STATS
     fields = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
     return VideoStats(**fields)
 

@@ -29,8 +29,13 @@ MIN_TS = 946_684_800_000
 
 def _config(path: Path, **overrides: object) -> EvalConfig:
     base: dict[str, object] = dict(
-        dataset=path, queries=30, windows=5, offline_epochs=3, batch_size=128,
-        export_every=1000, progress=False,
+        dataset=path,
+        queries=30,
+        windows=5,
+        offline_epochs=3,
+        batch_size=128,
+        export_every=1000,
+        progress=False,
     )
     return EvalConfig(**{**base, **overrides})  # type: ignore[arg-type]
 
@@ -92,10 +97,25 @@ def test_cli_prints_table_writes_plot_and_doc_section(movielens, tmp_path, capsy
         "# Benchmarks\n\n## Sparse tables\n\nkept\n\n## Quality (MovieLens 100K)\n\nold\n"
     )
     png = tmp_path / "auc.png"
-    code = main([
-        "eval", str(movielens[0]), "--queries", "5", "--windows", "4", "--epochs", "1",
-        "--limit", "3000", "--plot", str(png), "--doc", str(doc), "--no-progress",
-    ])
+    code = main(
+        [
+            "eval",
+            str(movielens[0]),
+            "--queries",
+            "5",
+            "--windows",
+            "4",
+            "--epochs",
+            "1",
+            "--limit",
+            "3000",
+            "--plot",
+            str(png),
+            "--doc",
+            str(doc),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "online Wide&Deep" in out and "AUC last 20%" in out
@@ -112,9 +132,17 @@ def test_events_csv_runs_with_the_default_label_policy(tmp_path: Path) -> None:
     for n in range(1500):
         user, video = f"u{rng.integers(0, 40)}", f"v{rng.integers(0, 30)}"
         liked = (int(user[1:]) + int(video[1:])) % 3 == 0
-        rows.append({"event_id": f"e{n}", "user_id": user, "video_id": video,
-                     "type": "finish" if liked else "skip", "ts": MIN_TS + 10**9 + n * 1000,
-                     "watch_ms": "", "duration_ms": ""})
+        rows.append(
+            {
+                "event_id": f"e{n}",
+                "user_id": user,
+                "video_id": video,
+                "type": "finish" if liked else "skip",
+                "ts": MIN_TS + 10**9 + n * 1000,
+                "watch_ms": "",
+                "duration_ms": "",
+            }
+        )
     path = tmp_path / "events.csv"
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
@@ -129,9 +157,13 @@ def test_events_csv_runs_with_the_default_label_policy(tmp_path: Path) -> None:
 def test_split_is_by_time_user_item_with_a_validation_eighth() -> None:
     n = 100
     samples = ScoredSamples(
-        event_ids=[f"e{i}" for i in range(n)], user_ids=[f"u{i % 7}" for i in range(n)],
-        video_ids=[f"v{i}" for i in range(n)], ts_ms=np.arange(n, dtype=np.int64)[::-1].copy(),
-        labels=np.zeros(n), weights=np.ones(n), scores=np.zeros(n),
+        event_ids=[f"e{i}" for i in range(n)],
+        user_ids=[f"u{i % 7}" for i in range(n)],
+        video_ids=[f"v{i}" for i in range(n)],
+        ts_ms=np.arange(n, dtype=np.int64)[::-1].copy(),
+        labels=np.zeros(n),
+        weights=np.ones(n),
+        scores=np.zeros(n),
     )
     split = split_samples(samples)
     assert (len(split.train), len(split.valid), len(split.test)) == (70, 10, 20)
@@ -228,8 +260,15 @@ def test_parquet_needs_pyarrow_or_reads_events(tmp_path: Path) -> None:
         with pytest.raises(InvalidInput, match="pyarrow"):
             load_stream(path, "auto", MIN_TS)
         return
-    table = pa.table({"event_id": ["e1"], "user_id": ["u"], "video_id": ["v"],
-                      "type": ["finish"], "ts": [MIN_TS + 10**9]})
+    table = pa.table(
+        {
+            "event_id": ["e1"],
+            "user_id": ["u"],
+            "video_id": ["v"],
+            "type": ["finish"],
+            "ts": [MIN_TS + 10**9],
+        }
+    )
     pq.write_table(table, path)
     assert [e.event_id for e in load_stream(path, "auto", MIN_TS).events] == ["e1"]
 
@@ -262,6 +301,7 @@ def test_serving_features_with_user_attributes_match_training() -> None:
     from feature_store.features.schema import default_schema
     from feature_store.settings import FeatureSettings
     from tests.factories import make_video
+    from tests.feature_checks import assert_same_features
 
     schema = default_schema(FeatureSettings(user_attributes=True))
     videos = [make_video(category=f"k{i % 3}") for i in range(9)]
@@ -276,9 +316,4 @@ def test_serving_features_with_user_attributes_match_training() -> None:
     extractor = RequestFeatureExtractor(schema)
     assert extractor.vectorised  # the request path, not the per-row fallback
     got = extractor.extract_request("u1", ts, context, [], videos, stats)
-    for table, keys in want.table_keys.items():
-        np.testing.assert_array_equal(got.table_keys[table], keys)
-    for column, idx in want.column_indices.items():
-        np.testing.assert_array_equal(got.column_indices[column], idx)
-    np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
-    np.testing.assert_array_equal(got.wide_indices, want.wide_indices)
+    assert_same_features(got, want, schema)

@@ -20,6 +20,7 @@ from feature_store.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
 from feature_store.settings import ApiSettings
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
 from tests.factories import make_video
+from tests.feature_checks import assert_same_features
 
 SCHEMA = default_schema()
 API = ApiSettings(batch_buckets=(16, 512), model_poll_interval_s=0.05)
@@ -70,13 +71,14 @@ def test_request_features_equal_the_generic_extractor(history_len: int) -> None:
     extractor = RequestFeatureExtractor(SCHEMA)
     for _ in range(2):  # the second pass reads the per-video key cache
         got = extractor.extract_request("u9", ts, context, history, videos, stats)
-        for table, keys in want.table_keys.items():
-            np.testing.assert_array_equal(got.table_keys[table], keys)
-        for column, idx in want.column_indices.items():
-            np.testing.assert_array_equal(got.column_indices[column], idx)
-        np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
-        np.testing.assert_array_equal(got.wide_indices, want.wide_indices)
-        np.testing.assert_allclose(got.dense, want.dense, rtol=1e-6)
+        assert_same_features(got, want, SCHEMA)
+        # Deduplicated like training, per column (4 creators, the first 8 tags)...
+        assert len(got.table_keys["creator"]) == len(want.table_keys["creator"]) == 4
+        assert len(got.table_keys["tags"]) == len(want.table_keys["tags"]) == 8
+        # ... but video ids are not: a history video that is also a candidate is pulled twice.
+        kept = min(history_len, next(c.max_len for c in SCHEMA.multi_valued if c.name == "history"))
+        assert len(got.table_keys["video"]) == 37 + kept
+        assert len(got.wide_keys) == len(want.wide_keys)
 
 
 def test_padding_to_a_bucket_does_not_change_scores(tmp_path: Path) -> None:
@@ -193,9 +195,9 @@ def test_request_features_follow_a_changed_catalog_record() -> None:
     want = FeatureExtractor(SCHEMA).extract(
         [FeatureRow("u1", "chg", 1_700_000_000_000, changed, EventContext(), (), VideoStats())]
     )
+    assert_same_features(got, want, SCHEMA)
     np.testing.assert_array_equal(got.table_keys["category"], want.table_keys["category"])
-    np.testing.assert_array_equal(got.table_keys["tags"], want.table_keys["tags"])
-    np.testing.assert_array_equal(got.wide_keys, want.wide_keys)
+    np.testing.assert_array_equal(np.sort(got.table_keys["tags"]), want.table_keys["tags"])
 
 
 def test_request_features_follow_changed_counters() -> None:
@@ -214,3 +216,30 @@ def test_request_features_follow_changed_counters() -> None:
             ]
         )
         np.testing.assert_allclose(got.dense, want.dense, rtol=1e-6)
+
+
+def test_request_features_with_a_cross_of_two_video_columns_and_repeated_candidates() -> None:
+    """The per-row fallback for a cross of two video columns; a candidate given twice."""
+    from feature_store.features.columns import Crossed
+    from feature_store.features.schema import FeatureSchema
+
+    schema = FeatureSchema(
+        columns=(*SCHEMA.columns, Crossed("creator_x_category", ("creator", "category")))
+    )
+    videos = [
+        make_video(video_id=f"d{i}", creator_id=f"c{i % 3}", category=f"k{i % 2}") for i in range(8)
+    ]
+    videos.append(videos[0])  # the caller repeated a candidate
+    stats = [VideoStats(plays=i) for i in range(9)]
+    history = [HistoryEntry(video_id="d1", watch_ratio=1.0, ts=1)]
+    ts = 1_700_000_900_000
+    rows = [
+        FeatureRow("u1", v.video_id, ts, v, EventContext(), tuple(history), s)
+        for v, s in zip(videos, stats, strict=True)
+    ]
+    want = FeatureExtractor(schema).extract(rows)
+    extractor = RequestFeatureExtractor(schema)
+    assert extractor.vectorised
+    got = extractor.extract_request("u1", ts, EventContext(), history, videos, stats)
+    assert_same_features(got, want, schema)
+    assert len(got.wide_keys) <= len(want.wide_keys) + 2 * 3  # video-id crosses: 1 repeat each
