@@ -7,16 +7,17 @@ Each figure is keys per second over batches of ``--batch`` unique keys drawn
 (fixed seed) from a table pre-filled with ``--rows`` rows of ``--dim``
 float32, the median of ``--iterations`` timed batches after two warm-ups:
 
-- ``pull``: serving pull (``train=False``), weights only.
+- ``pull``: serving pull (``train=False``), weights only (for Redis, the
+  row's value, weights then state, of which the state is dropped).
 - ``push``: one gradient row per key, Adagrad (state as wide as the row);
-  for Redis this is a read of weights and state, the optimizer and a
-  MULTI/EXEC write of both.
+  for Redis this is a read of each row (weights and state in one value),
+  the optimizer and a pipelined ``SET ... PX`` of each row.
 
 The floor is what redis-py does with the same bytes and no table logic,
 measured in the same run against the same server: for ``pull`` one
 pipelined ``MGET`` per ``batch_chunk`` keys; for ``push`` a pipelined
-(``transaction=False``) ``SET`` of every weights and state value, plus, as a
-second floor, that write preceded by the ``MGET`` read of both (the least a
+(``transaction=False``) ``SET`` of every row's value, plus, as a second
+floor, that write preceded by the ``MGET`` read of the rows (the least a
 read-modify-write can do). ``ratio`` is table time over floor time (below 1:
 the table beats plain redis-py).
 
@@ -76,16 +77,9 @@ def _floors(
 ) -> dict[str, float]:
     """Raw redis-py on the table's own keys and value sizes."""
     batch = len(batches[0])
-    w_prefix, s_prefix = table._w.prefix, table._s.prefix  # noqa: SLF001 - same bytes on purpose
-    names = [
-        (
-            [w_prefix + int(k).to_bytes(8, "big") for k in keys],
-            [s_prefix + int(k).to_bytes(8, "big") for k in keys],
-        )
-        for keys in batches
-    ]
-    w_value = bytes(4 * table.spec.dim)
-    s_value = bytes(4 * table.state_width)
+    prefix = table._r.prefix  # noqa: SLF001 - same bytes on purpose
+    names = [[prefix + int(k).to_bytes(8, "big") for k in keys] for keys in batches]
+    value = bytes(4 * (table.spec.dim + table.state_width))
 
     def mget(names_list: list[bytes]) -> list[Any]:
         pipe = client.pipeline(transaction=False)
@@ -94,20 +88,16 @@ def _floors(
         return pipe.execute()
 
     def read(i: int) -> None:
-        mget(names[i % len(names)][0])
+        mget(names[i % len(names)])
 
     def write(i: int) -> None:
-        w_names, s_names = names[i % len(names)]
         pipe = client.pipeline(transaction=False)
-        for w_name, s_name in zip(w_names, s_names, strict=True):
-            pipe.set(w_name, w_value, px=3_600_000)
-            pipe.set(s_name, s_value, px=3_600_000)
+        for name in names[i % len(names)]:
+            pipe.set(name, value, px=3_600_000)
         pipe.execute()
 
     def read_write(i: int) -> None:
-        w_names, s_names = names[i % len(names)]
-        mget(w_names)
-        mget(s_names)
+        read(i)
         write(i)
 
     return {

@@ -1,10 +1,10 @@
 """Redis memory per million sparse rows, measured on a private redis-server.
 
 Writes rows with the layout of ``feature_store/sparse/redis.py``: for each
-row a weights key ``vidrec:v1:sp:main:video:w:`` + 8 key bytes holding
-``dim`` float32, and a state key ``...:s:`` + 8 key bytes holding the
-optimizer state (Adagrad: ``dim`` float32; Adam: ``2 * dim``), both written
-with ``SET ... PX ttl`` as the backend does, pipelined in chunks. It reads
+row one key ``vidrec:v1:sp:main:video:r:`` + 8 key bytes holding ``dim``
+float32 weights followed by the optimizer state (Adagrad: ``dim`` float32;
+Adam: ``2 * dim + 1``), written with ``SET ... PX ttl`` as the backend does,
+pipelined in chunks. It reads
 ``INFO memory`` before and after and prints the difference per million rows.
 
     python -m bench.redis_memory                 # 1M rows, dims 16 and 64, Adagrad
@@ -24,7 +24,9 @@ import time
 import numpy as np
 import redis
 
-from feature_store.constants import SPARSE_STATE, SPARSE_WEIGHTS, sparse_prefix
+from feature_store.constants import SPARSE_ROWS, sparse_prefix
+from feature_store.settings import SparseSettings
+from feature_store.sparse.optimizers import make_optimizer
 from tests.services import RedisServer
 
 TTL_MS = 30 * 24 * 3600 * 1000  # the default SparseSettings.ttl_s, in ms
@@ -38,26 +40,25 @@ def _memory(client: redis.Redis) -> tuple[int, int]:
 def _write_rows(
     client: redis.Redis, rows: int, dim: int, state_width: int, chunk: int, seed: int
 ) -> None:
-    """Pipelined ``SET key value PX ttl`` of weights and state, ``chunk`` rows a round trip."""
-    w_prefix = sparse_prefix("main", "video", SPARSE_WEIGHTS)
-    s_prefix = sparse_prefix("main", "video", SPARSE_STATE)
+    """Pipelined ``SET key value PX ttl`` of each row, ``chunk`` rows a round trip."""
+    prefix = sparse_prefix("main", "video", SPARSE_ROWS)
     rng = np.random.default_rng(seed)
     keys = rng.choice(np.iinfo(np.int64).max, size=rows, replace=False).astype(">u8")
     weights = rng.uniform(-0.05, 0.05, size=(rows, dim)).astype("<f4")
     state = np.full((rows, state_width), 0.1, dtype="<f4")
+    values = np.concatenate((weights, state), axis=1)
     key_bytes = keys.tobytes()
     for start in range(0, rows, chunk):
         stop = min(start + chunk, rows)
         pipe = client.pipeline(transaction=False)
         for i in range(start, stop):
             k = key_bytes[8 * i : 8 * i + 8]
-            pipe.execute_command("SET", w_prefix + k, weights[i].tobytes(), "PX", TTL_MS)
-            pipe.execute_command("SET", s_prefix + k, state[i].tobytes(), "PX", TTL_MS)
+            pipe.execute_command("SET", prefix + k, values[i].tobytes(), "PX", TTL_MS)
         pipe.execute()
 
 
 def measure(rows: int, dim: int, optimizer: str, chunk: int) -> dict[str, float]:
-    state_width = dim if optimizer == "adagrad" else 2 * dim
+    state_width = make_optimizer(optimizer, SparseSettings()).state_width(dim)  # type: ignore[arg-type]
     server = RedisServer()
     with server:
         client = redis.Redis.from_url(server.url)

@@ -12,16 +12,17 @@ LAYOUT_VERSION = "v1"
 # --- Redis ---------------------------------------------------------------
 REDIS_ROOT = f"vidrec:{LAYOUT_VERSION}"
 
-SPARSE_WEIGHTS = "w"
-"""Sparse row weights, read by serving: ``{root}:sp:{model}:{table}:w:`` + 8 key bytes."""
-SPARSE_STATE = "s"
-"""Optimizer state of a row, read only by trainers: ``...:s:`` + 8 key bytes."""
+SPARSE_ROWS = "r"
+"""A sparse row, its weights then its optimizer state (one value, so one ``SET`` writes
+both and one TTL expires both): ``{root}:sp:{model}:{table}:r:`` + 8 key bytes. Serving
+reads it too and keeps the weights. (Earlier versions used ``w`` and ``s`` for weights and
+state under separate keys; the new letter keeps the two layouts from reading each other.)"""
 SPARSE_SIGHTINGS = "c"
 """Admission counter of a key not yet admitted: ``...:c:`` + 8 key bytes."""
 
 
 def sparse_prefix(model: str, table: str, kind: str) -> bytes:
-    """Key prefix of one table's rows of one ``kind`` (weights, state, counters)."""
+    """Key prefix of one table's keys of one ``kind`` (rows, counters)."""
     return f"{REDIS_ROOT}:sp:{model}:{table}:{kind}:".encode()
 
 
@@ -31,11 +32,11 @@ it moves every row to another key, so it is a constant, not a setting)."""
 
 
 def sparse_cluster_prefix(model: str, table: str, bucket: int, kind: str) -> bytes:
-    """Redis Cluster key prefix of one table's rows of one ``kind`` in one bucket.
+    """Redis Cluster key prefix of one table's keys of one ``kind`` in one bucket.
 
     ``{root}:sp:{{model:table:bucket}}:{kind}:`` + 8 key bytes, where bucket =
-    key mod ``SPARSE_CLUSTER_BUCKETS``: the hash tag puts a bucket's weights,
-    state and counters in one slot, so one ``MGET`` or ``MULTI``/``EXEC`` covers
+    key mod ``SPARSE_CLUSTER_BUCKETS``: the hash tag puts a bucket's rows and
+    counters in one slot, so one ``MGET`` or ``MULTI``/``EXEC`` covers
     them (see :mod:`feature_store.sparse.cluster`). A single Redis keeps the
     untagged layout of :func:`sparse_prefix`.
     """

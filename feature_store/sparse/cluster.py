@@ -6,15 +6,16 @@ keys share one slot. The single-node layout of :mod:`.redis` spreads a
 batch's keys over every slot, so this backend tags them instead
 (:func:`feature_store.constants.sparse_cluster_prefix`)::
 
-    {root}:sp:{model:table:bucket}:w:<8 bytes key>    weights
-    {root}:sp:{model:table:bucket}:s:<8 bytes key>    optimizer state
+    {root}:sp:{model:table:bucket}:r:<8 bytes key>    weights | optimizer state
     {root}:sp:{model:table:bucket}:c:<8 bytes key>    sightings
 
 with ``bucket = key mod SPARSE_CLUSTER_BUCKETS`` (64). The part in braces is
-the hash tag: a bucket's weights, state and counters share one slot, so each
-bucket gets the same commands a single Redis gets for a chunk (one ``MGET``,
-one ``MULTI``/``EXEC``) and keeps the same guarantee: a row's weights and
-state are read by one command and written by one transaction, never torn.
+the hash tag: a bucket's rows and counters share one slot. A row's value is
+laid out as on a single Redis (:mod:`.redis`: weights then state, one key),
+so its weights and state are read and written together, never torn. Each
+bucket gets the commands a single Redis gets for a chunk (one ``MGET``, the
+``SET``\\ s), its writes inside one ``MULTI``/``EXEC`` so that a bucket refused
+mid-reshard is refused whole and can be resent as it is.
 Each table spreads over 64 slots, which the cluster places on its nodes;
 13 tables make about 830 slots, enough for an even spread over a few dozen
 primaries (beyond that, raise the constant and re-seed the tables from a
@@ -62,9 +63,8 @@ from redis.exceptions import RedisClusterException
 from feature_store.constants import (
     REDIS_ROOT,
     SPARSE_CLUSTER_BUCKETS,
+    SPARSE_ROWS,
     SPARSE_SIGHTINGS,
-    SPARSE_STATE,
-    SPARSE_WEIGHTS,
     sparse_cluster_prefix,
 )
 from feature_store.errors import ConfigurationError, InvalidInput, SparseTableUnavailable
@@ -72,7 +72,13 @@ from feature_store.settings import SparseSettings
 from feature_store.sparse.base import Keys, Rows, TableSpec, TableStats
 from feature_store.sparse.initializers import Initializer
 from feature_store.sparse.optimizers import as_grads, as_keys, make_optimizer
-from feature_store.sparse.redis import _glob_escape, _key_bytes, _Kind, _row_bytes, decode_rows
+from feature_store.sparse.redis import (
+    _glob_escape,
+    _key_bytes,
+    _Kind,
+    _value_bytes,
+    split_rows,
+)
 from feature_store.sparse.snapshot import SnapshotData, read_snapshot, write_snapshot
 
 _REDIRECTS = (
@@ -138,15 +144,10 @@ class ClusterSparseTable:
         def kinds(kind: str) -> list[_Kind]:
             return [_Kind(sparse_cluster_prefix(self.model, spec.name, b, kind)) for b in buckets]
 
-        self._w, self._s, self._c = (
-            kinds(SPARSE_WEIGHTS),
-            kinds(SPARSE_STATE),
-            kinds(SPARSE_SIGHTINGS),
-        )
-        self._slots = [key_slot(kind.prefix) for kind in self._w]  # the tag is in the prefix
+        self._r, self._c = kinds(SPARSE_ROWS), kinds(SPARSE_SIGHTINGS)
+        self._slots = [key_slot(kind.prefix) for kind in self._r]  # the tag is in the prefix
         self._what = f"sparse table {spec.name!r}"
-        self._w_bytes = 4 * spec.dim
-        self._s_bytes = 4 * self.state_width
+        self._value_bytes = 4 * (spec.dim + self.state_width)
         self._admissions = 0
         self._counter_lock = threading.Lock()
 
@@ -278,10 +279,9 @@ class ClusterSparseTable:
             raise errors[0]  # type: ignore[misc]
         return replies
 
-    def _decode(
-        self, values: list[object], width_bytes: int, kind: _Kind
-    ) -> tuple[Rows, np.ndarray]:
-        return decode_rows(values, width_bytes, self._what, kind)
+    def _decode(self, values: list[object], kind: _Kind) -> tuple[Rows, Rows, np.ndarray]:
+        """Weights, state and present mask of one bucket's ``MGET`` of rows."""
+        return split_rows(values, self.spec.dim, self.state_width, self._what, kind)
 
     # --- SparseTable --------------------------------------------------
 
@@ -292,10 +292,10 @@ class ClusterSparseTable:
             return out
         kb = _key_bytes(keys)
         groups = self._groups(keys)
-        replies = self._round(groups, lambda g: (self._w[g.bucket].mget(kb[g.at]), 1))
+        replies = self._round(groups, lambda g: (self._r[g.bucket].mget(kb[g.at]), 1))
         present = np.zeros(len(keys), dtype=bool)
         for group, reply in zip(groups, replies, strict=True):
-            rows, ok = self._decode(reply[0], self._w_bytes, self._w[group.bucket])  # type: ignore[arg-type]
+            rows, _, ok = self._decode(reply[0], self._r[group.bucket])  # type: ignore[arg-type]
             out[group.at] = rows
             present[group.at] = ok
         if train and not present.all():
@@ -325,17 +325,15 @@ class ClusterSparseTable:
             return rows
         new_keys, new_kb = keys[admit], kb[admit]
         weights = self._initializer(new_keys)
-        w_raw = _row_bytes(weights)
-        s_raw = _row_bytes(self.optimizer.initial_state(len(new_keys), self.spec.dim))
+        raw = _value_bytes(weights, self.optimizer.initial_state(len(new_keys), self.spec.dim))
 
         def admit_rows(g: _Group) -> tuple[bytes, int]:
             b, i = g.bucket, g.at
-            body = self._w[b].set(new_kb[i], w_raw[i], self._ttl_ms, nx=True)
-            body += self._s[b].set(new_kb[i], s_raw[i], self._ttl_ms, nx=True)
+            body = self._r[b].set(new_kb[i], raw[i], self._ttl_ms, nx=True)
             if self._threshold > 1:
                 body += self._c[b].simple(b"DEL", new_kb[i])
-                return body, 3 * len(i)
-            return body, 2 * len(i)
+                return body, 2 * len(i)
+            return body, len(i)
 
         groups = self._groups(new_keys)
         results = self._round(groups, admit_rows, transaction=True)
@@ -349,9 +347,9 @@ class ClusterSparseTable:
             lost = np.flatnonzero(~created)
             lost_kb = new_kb[lost]
             groups = self._groups(new_keys[lost])
-            replies = self._round(groups, lambda g: (self._w[g.bucket].mget(lost_kb[g.at]), 1))
+            replies = self._round(groups, lambda g: (self._r[g.bucket].mget(lost_kb[g.at]), 1))
             for group, reply in zip(groups, replies, strict=True):
-                theirs, there = self._decode(reply[0], self._w_bytes, self._w[group.bucket])  # type: ignore[arg-type]
+                theirs, _, there = self._decode(reply[0], self._r[group.bucket])  # type: ignore[arg-type]
                 weights[lost[group.at[there]]] = theirs[there]
         rows[admit] = weights
         return rows
@@ -363,28 +361,21 @@ class ClusterSparseTable:
             return
         kb = _key_bytes(keys)
         groups = self._groups(keys)
-        replies = self._round(
-            groups, lambda g: (self._w[g.bucket].mget(kb[g.at], also=self._s[g.bucket]), 1)
-        )
+        replies = self._round(groups, lambda g: (self._r[g.bucket].mget(kb[g.at]), 1))
         weights = np.zeros((len(keys), self.spec.dim), dtype=np.float32)
         state = np.zeros((len(keys), self.state_width), dtype=np.float32)
         present = np.zeros(len(keys), dtype=bool)
         for group, reply in zip(groups, replies, strict=True):
-            both, n = reply[0], len(group.at)
-            w, w_ok = self._decode(both[:n], self._w_bytes, self._w[group.bucket])  # type: ignore[index]
-            s, s_ok = self._decode(both[n:], self._s_bytes, self._s[group.bucket])  # type: ignore[index]
-            weights[group.at], state[group.at] = w, s
-            present[group.at] = w_ok & s_ok
+            w, s, ok = self._decode(reply[0], self._r[group.bucket])  # type: ignore[arg-type]
+            weights[group.at], state[group.at], present[group.at] = w, s, ok
         kept = np.flatnonzero(present)  # not admitted or expired: the gradient is dropped
         if not len(kept):
             return
         new_w, new_s = self.optimizer.apply(weights[kept], state[kept], grads[kept])
-        w_raw, s_raw, kept_kb = _row_bytes(new_w), _row_bytes(new_s), kb[kept]
+        raw, kept_kb = _value_bytes(new_w, new_s), kb[kept]
 
         def write(g: _Group) -> tuple[bytes, int]:
-            b, i = g.bucket, g.at
-            body = self._w[b].set(kept_kb[i], w_raw[i], self._ttl_ms)
-            return body + self._s[b].set(kept_kb[i], s_raw[i], self._ttl_ms), 2 * len(i)
+            return self._r[g.bucket].set(kept_kb[g.at], raw[g.at], self._ttl_ms), len(g.at)
 
         self._round(self._groups(keys[kept]), write, transaction=True)
 
@@ -413,10 +404,10 @@ class ClusterSparseTable:
                     break
 
     def _scan_keys(self) -> Keys:
-        """Every key with a weights row, unique (8 bytes of memory per row)."""
-        kinds = {kind.prefix: kind for kind in self._w}
+        """Every key with a row, unique (8 bytes of memory per row)."""
+        kinds = {kind.prefix: kind for kind in self._r}
         parts = []
-        for _, names in self._scan_names(SPARSE_WEIGHTS):
+        for _, names in self._scan_names(SPARSE_ROWS):
             mine = [n for n in names if n[:-8] in kinds and len(n) == kinds[n[:-8]].key_len]
             parts.append(np.frombuffer(b"".join(n[-8:] for n in mine), dtype=">u8"))
         if not parts:
@@ -433,7 +424,7 @@ class ClusterSparseTable:
             rows=rows,
             admissions=self._admissions,
             expirations=0,
-            bytes=rows * (self._w_bytes + self._s_bytes),
+            bytes=rows * self._value_bytes,
         )
 
     def export(self) -> SnapshotData:
@@ -453,12 +444,9 @@ class ClusterSparseTable:
             pttl = np.full(len(keys), -2.0)
             ok = np.zeros(len(keys), dtype=bool)
             for group, reply in zip(groups, replies, strict=True):
-                both, n, b = reply[0], len(group.at), group.bucket
-                w, w_ok = self._decode(both[:n], self._w_bytes, self._w[b])  # type: ignore[index]
-                s, s_ok = self._decode(both[n:], self._s_bytes, self._s[b])  # type: ignore[index]
-                weights[group.at], state[group.at] = w, s
+                w, s, row_ok = self._decode(reply[0], self._r[group.bucket])  # type: ignore[arg-type]
+                weights[group.at], state[group.at], ok[group.at] = w, s, row_ok
                 pttl[group.at] = np.array(reply[1:], dtype=np.float64)
-                ok[group.at] = w_ok & s_ok
             ok &= pttl != -2
             remaining_s = np.where(pttl >= 0, pttl / 1000.0, self._ttl_s)
             key_parts.append(keys[ok])
@@ -476,11 +464,11 @@ class ClusterSparseTable:
         )
 
     def _read_with_ttl(self, kb: np.ndarray) -> Callable[[_Group], tuple[bytes, int]]:
-        """Builder of one ``MGET`` of weights and state plus a ``PTTL`` per key."""
+        """Builder of one ``MGET`` of rows plus a ``PTTL`` per key."""
 
         def build(g: _Group) -> tuple[bytes, int]:
-            w, s = self._w[g.bucket], self._s[g.bucket]
-            return w.mget(kb[g.at], also=s) + w.simple(b"PTTL", kb[g.at]), 1 + len(g.at)
+            r = self._r[g.bucket]
+            return r.mget(kb[g.at]) + r.simple(b"PTTL", kb[g.at]), 1 + len(g.at)
 
         return build
 
@@ -504,24 +492,22 @@ class ClusterSparseTable:
         if not len(data.keys):
             return 0
         kb = _key_bytes(data.keys)
-        w_raw, s_raw = _row_bytes(data.weights), _row_bytes(data.state)
+        raw = _value_bytes(data.weights, data.state)
 
         def write(g: _Group) -> tuple[bytes, int]:
-            w, s = self._w[g.bucket].prefix, self._s[g.bucket].prefix
+            prefix = self._r[g.bucket].prefix
             parts = []
             for i in g.at.tolist():
                 ttl = b"%d" % remaining_ms[i]
-                key = kb[i].tobytes()
-                parts.append(_pack(b"SET", w + key, w_raw[i].tobytes(), b"PX", ttl))
-                parts.append(_pack(b"SET", s + key, s_raw[i].tobytes(), b"PX", ttl))
-            return b"".join(parts), 2 * len(g.at)
+                parts.append(_pack(b"SET", prefix + kb[i].tobytes(), raw[i].tobytes(), b"PX", ttl))
+            return b"".join(parts), len(g.at)
 
         self._round(self._groups(data.keys), write, transaction=True)
         return len(data.keys)
 
     def clear(self) -> None:
         try:
-            for kind in (SPARSE_WEIGHTS, SPARSE_STATE, SPARSE_SIGHTINGS):
+            for kind in (SPARSE_ROWS, SPARSE_SIGHTINGS):
                 for node, names in self._scan_names(kind):
                     pipe = node.redis_connection.pipeline(transaction=False)  # type: ignore[union-attr]
                     for name in names:  # one key per UNLINK: names span slots

@@ -1,43 +1,47 @@
-"""Sparse table in Redis: binary float32 rows, pipelined in chunks.
+"""Sparse table in Redis: one binary key per row (weights then state), pipelined in chunks.
 
 Layout (prefixes from :func:`feature_store.constants.sparse_prefix`, so every
 key is namespaced by model family and table)::
 
-    {root}:sp:{model}:{table}:w:<8 bytes key, big-endian>   weights, dim little-endian float32
-    {root}:sp:{model}:{table}:s:<8 bytes key, big-endian>   optimizer state, state_width float32
+    {root}:sp:{model}:{table}:r:<8 bytes key, big-endian>   weights | optimizer state
     {root}:sp:{model}:{table}:c:<8 bytes key, big-endian>   sightings of a key not yet admitted
 
-Weights and state are separate keys so that serving ``MGET``s weights only.
-Both carry the row's TTL (``SET ... PX ttl``), refreshed by every push, so a
-row not updated for ``ttl_s`` disappears with its state and Redis does the
-expiring; counters carry the same TTL.
+A row's value is its ``dim`` weights followed by its ``state_width``
+optimizer-state values, little-endian float32 (``4 * (dim + state_width)``
+bytes). Keeping both in one value is what makes a row's weights and state
+one unit for Redis: one ``SET`` writes both, one ``MGET`` entry reads both,
+and one ``PX`` TTL, refreshed by every push, expires both together, so a row
+not updated for ``ttl_s`` disappears with its state and Redis does the
+expiring; counters carry the same TTL. Serving reads rows with the same
+``MGET`` (``pull`` without ``train``) and drops the state bytes: for Adagrad
+twice the bytes of weights alone, which for rows of a few dozen bytes costs
+less than a second command per key would.
 
 Round trips, for each chunk of ``batch_chunk`` keys (never one per key):
 
-- ``pull``: one ``MGET`` of weights. A training pull that finds missing keys
-  adds, for those keys only, one round trip of ``INCR`` + ``PEXPIRE`` on
-  their counters (skipped when ``admission_threshold`` is 1), and one
-  ``MULTI``/``EXEC`` writing the admitted rows with ``SET ... NX PX`` so that
-  a row another trainer just created is never reset to its initial value.
-- ``push``: one round trip of one ``MGET`` of weights and state together
-  (one command, so both are read at the same instant), the optimizer in
-  numpy, then one ``MULTI``/``EXEC`` of ``SET ... PX`` for both. Keys whose
-  weights or state are missing (not admitted, or expired) drop their
+- ``pull``: one ``MGET``. A training pull that finds missing keys adds, for
+  those keys only, one round trip of ``INCR`` + ``PEXPIRE`` on their
+  counters (skipped when ``admission_threshold`` is 1), and one round trip
+  writing the admitted rows with ``SET ... NX PX`` so that a row another
+  trainer just created is never reset to its initial value.
+- ``push``: one round trip of one ``MGET`` (the rows as they are now, not as
+  the pull saw them, so another trainer's update in between is built on),
+  the optimizer in numpy, then one round trip of ``SET ... PX`` per row.
+  Keys whose rows are missing (not admitted, or expired) drop their
   gradient, as the contract says.
 
 Concurrency: last writer wins. Two trainers pushing the same key at once
-both read the row, both compute an update, and the ``EXEC`` that runs second
+both read the row, both compute an update, and the ``SET`` that runs second
 overwrites the first; that one update to that key is lost (asynchronous SGD
 tolerates it, and the alternative, ``WATCH`` and retry, would serialize every
-hot key). Because each writer's ``SET``\\ s of weights and state for a whole
-chunk run inside one ``MULTI``/``EXEC``, which Redis executes without
-interleaving other clients' commands, a row's weights and state always come
-from the same writer and the same update, never a mix of two; and because
-a push reads weights and state in one ``MGET``, it never starts from one
-update's weights and another's state. One rare
-seam remains: a row whose weights and state expire in different
-milliseconds is read as missing by a push (its gradient dropped) and may be
-re-admitted with a fresh state beside the surviving weights.
+hot key). A row's weights and state are one value written by one ``SET``,
+so they always come from the same writer and the same update, never a mix
+of two, and a push always starts from one update's weights and state. No
+``MULTI``/``EXEC`` is needed for that: a chunk's ``SET``\\ s are pipelined
+and each is atomic on its own. A push that fails part-way (a dropped
+connection) may have written some of its rows; the trainer retries the
+batch and those rows take its gradient twice, as the tables pushed before
+the failure do.
 
 Commands are packed by numpy rather than by redis-py: every key of a table
 has the same length and every row the same byte size, so a chunk's ``MGET``
@@ -54,12 +58,17 @@ same commands per hash-tag bucket instead. Every redis-py error, including
 connection refused and timeouts, surfaces as ``SparseTableUnavailable``; the
 connection it happened on is dropped so no half-read reply is reused.
 
-``stats`` counts rows with ``SCAN MATCH`` over the weights prefix, which
+``stats`` counts rows with ``SCAN MATCH`` over the rows' prefix, which
 walks the whole keyspace of the database (about a second per 10 million
 keys) and holds 8 bytes per row to deduplicate: meant for a dashboard
 refreshed every few seconds at most, not for a hot path. ``admissions``
 counts rows this object created; ``expirations`` is 0 because Redis expires
 keys itself.
+
+Earlier versions kept weights (``:w:``) and state (``:s:``) under two keys
+written in one ``MULTI``/``EXEC``; this layout uses another kind letter, so
+the two never read each other's bytes. Rows under the old keys are not read
+(re-seed from a snapshot taken before the upgrade, or let them expire).
 """
 
 from __future__ import annotations
@@ -75,12 +84,7 @@ import numpy as np
 import redis
 from redis.connection import AbstractConnection
 
-from feature_store.constants import (
-    SPARSE_SIGHTINGS,
-    SPARSE_STATE,
-    SPARSE_WEIGHTS,
-    sparse_prefix,
-)
+from feature_store.constants import SPARSE_ROWS, SPARSE_SIGHTINGS, sparse_prefix
 from feature_store.errors import ConfigurationError, InvalidInput, SparseTableUnavailable
 from feature_store.settings import SparseSettings
 from feature_store.sparse.base import Keys, Rows, TableSpec, TableStats
@@ -119,6 +123,11 @@ def _row_bytes(rows: Rows) -> np.ndarray:
     return rows.view(np.uint8).reshape(len(rows), -1)
 
 
+def _value_bytes(weights: Rows, state: Rows) -> np.ndarray:
+    """``(n, 4 * (dim + state_width))`` uint8: each row's stored value, weights then state."""
+    return _row_bytes(np.concatenate((weights, state), axis=1))
+
+
 def _glob_escape(prefix: bytes) -> bytes:
     for char in (b"\\", b"*", b"?", b"[", b"]"):
         prefix = prefix.replace(char, b"\\" + char)
@@ -126,7 +135,7 @@ def _glob_escape(prefix: bytes) -> bytes:
 
 
 class _Kind:
-    """Command builders for the keys of one prefix (weights, state or counters)."""
+    """Command builders for the keys of one prefix (rows or counters)."""
 
     def __init__(self, prefix: bytes) -> None:
         self.prefix = prefix
@@ -134,18 +143,11 @@ class _Kind:
         self._key_head = b"$%d\r\n" % self.key_len + prefix
         self.pattern = _glob_escape(prefix) + b"*"
 
-    def mget(self, kb: np.ndarray, also: _Kind | None = None) -> bytes:
-        """``MGET`` of ``kb``'s keys, then the same keys of ``also``, in one command.
-
-        One command is atomic in Redis, so weights and state read together
-        come from the same moment (two MGETs could straddle another writer's
-        EXEC and pair one update's weights with another's state).
-        """
-        n = len(kb)
-        body = _records(n, (self._key_head, kb, _CRLF))
-        if also is not None:
-            body += _records(n, (also._key_head, kb, _CRLF))
-        return b"*%d\r\n$4\r\nMGET\r\n" % ((2 if also else 1) * n + 1) + body
+    def mget(self, kb: np.ndarray) -> bytes:
+        """One ``MGET`` of ``kb``'s keys."""
+        return b"*%d\r\n$4\r\nMGET\r\n" % (len(kb) + 1) + _records(
+            len(kb), (self._key_head, kb, _CRLF)
+        )
 
     def set(self, kb: np.ndarray, values: np.ndarray, ttl_ms: int, nx: bool = False) -> bytes:
         """``SET key value PX ttl [NX]`` for each row of ``kb``/``values``."""
@@ -207,11 +209,9 @@ class RedisSparseTable:
         self._client = client
         self._owns_client = owns_client
         self._chunk = chunk
-        self._w = _Kind(sparse_prefix(self.model, spec.name, SPARSE_WEIGHTS))
-        self._s = _Kind(sparse_prefix(self.model, spec.name, SPARSE_STATE))
+        self._r = _Kind(sparse_prefix(self.model, spec.name, SPARSE_ROWS))
         self._c = _Kind(sparse_prefix(self.model, spec.name, SPARSE_SIGHTINGS))
-        self._w_bytes = 4 * spec.dim
-        self._s_bytes = 4 * self.state_width
+        self._value_bytes = 4 * (spec.dim + self.state_width)
         self._admissions = 0
         self._counter_lock = threading.Lock()  # one table object may serve several threads
 
@@ -240,33 +240,22 @@ class RedisSparseTable:
 
     @staticmethod
     def _replies(conn: AbstractConnection, count: int) -> list[object]:
+        """The next ``count`` replies; an error reply raises (and the connection is dropped)."""
         read = conn.read_response
         return [read(disable_decoding=True) for _ in range(count)]
 
-    def _transaction(self, conn: AbstractConnection, body: bytes, commands: int) -> list[object]:
-        """Run ``commands`` packed commands inside MULTI/EXEC; the EXEC reply, checked."""
-        conn.send_packed_command([b"*1\r\n$5\r\nMULTI\r\n", body, b"*1\r\n$4\r\nEXEC\r\n"])
-        errors = []
-        for _ in range(commands + 1):  # +OK for MULTI, +QUEUED for each command
-            try:
-                conn.read_response(disable_decoding=True)
-            except redis.ResponseError as exc:
-                errors.append(exc)  # keep reading: the stream must stay in step
-        # EXEC's reply: the commands' replies, or EXECABORT if one was refused when queued.
-        result = conn.read_response(disable_decoding=True)
-        if errors:
-            raise errors[0]
-        if not isinstance(result, list):
-            raise redis.ResponseError(f"EXEC answered {result!r}")
-        for item in result:
-            if isinstance(item, Exception):
-                raise item
-        return result
-
-    def _decode(
-        self, values: list[object], width_bytes: int, kind: _Kind
-    ) -> tuple[Rows, np.ndarray]:
-        return decode_rows(values, width_bytes, f"sparse table {self.spec.name!r}", kind)
+    def _read_rows(
+        self, conn: AbstractConnection, kb: np.ndarray
+    ) -> tuple[Rows, Rows, np.ndarray]:
+        """Weights ``(n, dim)``, state ``(n, state_width)`` (zeros where missing), present mask."""
+        conn.send_packed_command([self._r.mget(kb)])
+        return split_rows(
+            conn.read_response(disable_decoding=True),
+            self.spec.dim,
+            self.state_width,
+            f"sparse table {self.spec.name!r}",
+            self._r,
+        )
 
     def _chunks(self, n: int) -> Iterator[slice]:
         for start in range(0, n, self._chunk):
@@ -280,14 +269,11 @@ class RedisSparseTable:
         with self._connection() as conn:
             for part in self._chunks(len(keys)):
                 kb = _key_bytes(keys[part])
-                conn.send_packed_command([self._w.mget(kb)])
-                rows, present = self._decode(
-                    conn.read_response(disable_decoding=True), self._w_bytes, self._w
-                )
+                weights, _, present = self._read_rows(conn, kb)
                 if train and not present.all():
                     missing = np.flatnonzero(~present)
-                    rows[missing] = self._sight(conn, keys[part][missing], kb[missing])
-                out[part] = rows
+                    weights[missing] = self._sight(conn, keys[part][missing], kb[missing])
+                out[part] = weights
         return out
 
     def _sight(self, conn: AbstractConnection, keys: Keys, kb: np.ndarray) -> Rows:
@@ -304,25 +290,20 @@ class RedisSparseTable:
         new_keys, new_kb = keys[admit], kb[admit]
         weights = self._initializer(new_keys)
         state = self.optimizer.initial_state(len(new_keys), self.spec.dim)
-        body = [
-            self._w.set(new_kb, _row_bytes(weights), self._ttl_ms, nx=True),
-            self._s.set(new_kb, _row_bytes(state), self._ttl_ms, nx=True),
-        ]
-        commands = 2 * len(new_keys)
+        body = [self._r.set(new_kb, _value_bytes(weights, state), self._ttl_ms, nx=True)]
         if self._threshold > 1:
             body.append(self._c.simple(b"DEL", new_kb))
-            commands += len(new_keys)
-        result = self._transaction(conn, b"".join(body), commands)
-        created = np.fromiter((r is not None for r in result[: len(new_keys)]), bool, len(new_keys))
+        conn.send_packed_command(body)
+        result = self._replies(conn, len(new_keys))
+        if self._threshold > 1:
+            self._replies(conn, len(new_keys))
+        created = np.fromiter((r is not None for r in result), bool, len(new_keys))
         with self._counter_lock:
             self._admissions += int(created.sum())
         if not created.all():
             # Another trainer created these rows a moment ago: return what it stored.
             lost = np.flatnonzero(~created)
-            conn.send_packed_command([self._w.mget(new_kb[lost])])
-            theirs, there = self._decode(
-                conn.read_response(disable_decoding=True), self._w_bytes, self._w
-            )
+            theirs, _, there = self._read_rows(conn, new_kb[lost])
             weights[lost[there]] = theirs[there]
         rows[admit] = weights
         return rows
@@ -335,25 +316,15 @@ class RedisSparseTable:
                 self._push_chunk(conn, _key_bytes(keys[part]), grads[part])
 
     def _push_chunk(self, conn: AbstractConnection, kb: np.ndarray, grads: Rows) -> None:
-        conn.send_packed_command([self._w.mget(kb, also=self._s)])
-        both = conn.read_response(disable_decoding=True)
-        weights, w_present = self._decode(both[: len(kb)], self._w_bytes, self._w)
-        state, s_present = self._decode(both[len(kb) :], self._s_bytes, self._s)
-        present = w_present & s_present
+        weights, state, present = self._read_rows(conn, kb)
         if not present.all():  # not admitted or expired: the gradient is dropped
-            kb, weights, state, grads = (
-                kb[present],
-                weights[present],
-                state[present],
-                grads[present],
-            )
+            kb, grads = kb[present], grads[present]
+            weights, state = weights[present], state[present]
         if not len(kb):
             return
         weights, state = self.optimizer.apply(weights, state, grads)
-        body = self._w.set(kb, _row_bytes(weights), self._ttl_ms) + self._s.set(
-            kb, _row_bytes(state), self._ttl_ms
-        )
-        self._transaction(conn, body, 2 * len(kb))
+        conn.send_packed_command([self._r.set(kb, _value_bytes(weights, state), self._ttl_ms)])
+        self._replies(conn, len(kb))
 
     def expire(self, now_s: float | None = None) -> int:
         """Nothing to do: Redis expires rows itself (``PX`` on every write)."""
@@ -373,8 +344,8 @@ class RedisSparseTable:
         """Row count by SCAN (see the module doc for its cost); 8 bytes of memory per row."""
         try:
             parts = [
-                np.frombuffer(b"".join(n[-8:] for n in batch if len(n) == self._w.key_len), ">u8")
-                for batch in self._scan(self._w)
+                np.frombuffer(b"".join(n[-8:] for n in batch if len(n) == self._r.key_len), ">u8")
+                for batch in self._scan(self._r)
             ]
         except (redis.RedisError, OSError) as exc:
             raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
@@ -384,7 +355,7 @@ class RedisSparseTable:
             rows=rows,
             admissions=self._admissions,
             expirations=0,
-            bytes=rows * (self._w_bytes + self._s_bytes),
+            bytes=rows * self._value_bytes,
         )
 
     def export(self) -> SnapshotData:
@@ -393,22 +364,24 @@ class RedisSparseTable:
         seen: set[bytes] = set()
         try:
             with self._connection() as conn:
-                for names in self._scan(self._w):
-                    fresh = [n for n in names if len(n) == self._w.key_len and n not in seen]
+                for names in self._scan(self._r):
+                    fresh = [n for n in names if len(n) == self._r.key_len and n not in seen]
                     seen.update(fresh)
                     if not fresh:
                         continue
                     keys = np.frombuffer(b"".join(n[-8:] for n in fresh), dtype=">u8")
                     kb = _key_bytes(keys.astype(np.uint64))
-                    conn.send_packed_command(
-                        [self._w.mget(kb, also=self._s), self._w.simple(b"PTTL", kb)]
+                    conn.send_packed_command([self._r.mget(kb), self._r.simple(b"PTTL", kb)])
+                    weights, state, ok = split_rows(
+                        conn.read_response(disable_decoding=True),
+                        self.spec.dim,
+                        self.state_width,
+                        f"sparse table {self.spec.name!r}",
+                        self._r,
                     )
-                    both = conn.read_response(disable_decoding=True)
-                    weights, w_ok = self._decode(both[: len(kb)], self._w_bytes, self._w)
-                    state, s_ok = self._decode(both[len(kb) :], self._s_bytes, self._s)
                     pttl = np.array(self._replies(conn, len(fresh)), dtype=np.float64)
                     now = time.time()
-                    ok = w_ok & s_ok & (pttl != -2)
+                    ok &= pttl != -2
                     remaining_s = np.where(pttl >= 0, pttl / 1000.0, self._ttl_s)
                     key_parts.append(keys.astype(np.uint64)[ok])
                     weight_parts.append(weights[ok])
@@ -448,19 +421,12 @@ class RedisSparseTable:
         try:
             for part in self._chunks(len(data.keys)):
                 pipe = self._client.pipeline(transaction=False)
-                kb = _key_bytes(data.keys[part])
-                w_names = [self._w.prefix + k for k in _split8(kb)]
-                s_names = [self._s.prefix + k for k in _split8(kb)]
-                for w_name, s_name, w, s, ttl in zip(
-                    w_names,
-                    s_names,
-                    _split_rows(data.weights[part]),
-                    _split_rows(data.state[part]),
-                    remaining_ms[part].tolist(),
-                    strict=True,
+                names = [self._r.prefix + k for k in _split8(_key_bytes(data.keys[part]))]
+                values = _value_bytes(data.weights[part], data.state[part])
+                for name, value, ttl in zip(
+                    names, values, remaining_ms[part].tolist(), strict=True
                 ):
-                    pipe.set(w_name, w, px=ttl)
-                    pipe.set(s_name, s, px=ttl)
+                    pipe.set(name, value.tobytes(), px=ttl)
                 pipe.execute()
         except (redis.RedisError, OSError) as exc:
             raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
@@ -468,7 +434,7 @@ class RedisSparseTable:
 
     def clear(self) -> None:
         try:
-            for kind in (self._w, self._s, self._c):
+            for kind in (self._r, self._c):
                 for names in self._scan(kind):
                     self._client.unlink(*names)
         except (redis.RedisError, OSError) as exc:
@@ -499,11 +465,6 @@ def _split8(kb: np.ndarray) -> list[bytes]:
     return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
 
-def _split_rows(rows: Rows) -> list[bytes]:
-    raw = _row_bytes(rows)
-    return [row.tobytes() for row in raw]
-
-
 def decode_rows(
     values: list[object], width_bytes: int, what: str, kind: _Kind
 ) -> tuple[Rows, np.ndarray]:
@@ -528,3 +489,15 @@ def decode_rows(
     rows = np.zeros((n, width), dtype=np.float32)
     rows[present] = found
     return rows, present
+
+
+def split_rows(
+    values: list[object], dim: int, state_width: int, what: str, kind: _Kind
+) -> tuple[Rows, Rows, np.ndarray]:
+    """Weights ``(n, dim)`` and state ``(n, state_width)`` from an MGET reply of rows.
+
+    Zeros where a row is missing; the third array says which are present.
+    Both are contiguous copies, so the optimizer and the caller may keep them.
+    """
+    rows, present = decode_rows(values, 4 * (dim + state_width), what, kind)
+    return np.ascontiguousarray(rows[:, :dim]), np.ascontiguousarray(rows[:, dim:]), present

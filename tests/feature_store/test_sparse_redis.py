@@ -11,7 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from feature_store.constants import SPARSE_STATE, SPARSE_WEIGHTS, sparse_prefix
+from feature_store.constants import SPARSE_ROWS, sparse_prefix
 from feature_store.errors import ConfigurationError, SparseTableUnavailable
 from feature_store.settings import SparseSettings
 from feature_store.sparse import RedisSparseTable, TableSpec
@@ -29,17 +29,26 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-def test_layout_binary_float32_under_namespaced_keys(client: redis.Redis) -> None:
+def test_layout_one_binary_float32_key_per_row(client: redis.Redis) -> None:
     table = RedisSparseTable(SPEC, SparseSettings(model_name="m1", ttl_s=60), client)
     key = 0x0102030405060708
     weights = table.pull(np.array([key], dtype=np.uint64), train=True)
-    w_name = sparse_prefix("m1", "emb", SPARSE_WEIGHTS) + bytes([1, 2, 3, 4, 5, 6, 7, 8])
-    s_name = sparse_prefix("m1", "emb", SPARSE_STATE) + bytes([1, 2, 3, 4, 5, 6, 7, 8])
-    assert client.get(w_name) == weights.astype("<f4").tobytes()
-    assert client.get(s_name) == bytes(4 * (2 * 4 + 1)), "Adam state starts at zero"
-    assert 59_000 < client.pttl(w_name) <= 60_000
-    assert 59_000 < client.pttl(s_name) <= 60_000
-    assert set(client.keys()) == {w_name, s_name}, "threshold 1 keeps no counters"
+    name = sparse_prefix("m1", "emb", SPARSE_ROWS) + bytes([1, 2, 3, 4, 5, 6, 7, 8])
+    value = client.get(name)
+    assert value is not None and len(value) == 4 * (4 + 2 * 4 + 1), "weights then Adam state"
+    assert value[:16] == weights.astype("<f4").tobytes()
+    assert value[16:] == bytes(4 * (2 * 4 + 1)), "Adam state starts at zero"
+    assert 59_000 < client.pttl(name) <= 60_000
+    assert set(client.keys()) == {name}, "threshold 1 keeps no counters"
+    table.push(np.array([key], dtype=np.uint64), np.ones((1, 4), dtype=np.float32))
+    value = client.get(name)
+    assert value is not None
+    state = np.frombuffer(value[16:], dtype="<f4")
+    assert state[-1] == 1.0, "the push wrote the state (Adam's step count) with the weights"
+    np.testing.assert_array_equal(
+        np.frombuffer(value[:16], dtype="<f4"), table.pull(np.array([key], dtype=np.uint64))[0]
+    )
+    assert 59_000 < client.pttl(name) <= 60_000, "a push refreshes the row's TTL"
 
 
 def test_sighting_counters_carry_the_ttl(client: redis.Redis) -> None:
@@ -103,8 +112,8 @@ def test_server_gone_mid_session() -> None:
 
 def test_foreign_bytes_under_the_prefix_are_an_error(client: redis.Redis) -> None:
     table = RedisSparseTable(SPEC, SparseSettings(), client)
-    client.set(sparse_prefix("main", "emb", SPARSE_WEIGHTS) + (5).to_bytes(8, "big"), b"short")
-    with pytest.raises(SparseTableUnavailable, match="not 16 bytes"):
+    client.set(sparse_prefix("main", "emb", SPARSE_ROWS) + (5).to_bytes(8, "big"), b"short")
+    with pytest.raises(SparseTableUnavailable, match="not 52 bytes"):
         table.pull(np.array([5], dtype=np.uint64))
     # The connection was dropped, not left mid-reply: the next call works.
     assert not table.pull(np.array([6], dtype=np.uint64)).any()
@@ -148,11 +157,14 @@ def test_two_trainers_admitting_the_same_keys_agree(redis_url: str) -> None:
         c.close()
 
 
-def test_a_refused_transaction_leaves_the_connection_in_step(client: redis.Redis) -> None:
+def test_a_refused_write_drops_the_connection_not_the_table(client: redis.Redis) -> None:
+    """An error reply mid-pipeline leaves unread replies: that connection must not be reused."""
     table = RedisSparseTable(SPEC, SparseSettings(), client)
-    bad = b"*1\r\n$3\r\nSET\r\n"  # refused when queued: wrong number of arguments
-    with table._connection() as conn:  # noqa: SLF001
-        with pytest.raises(redis.ResponseError):
-            table._transaction(conn, bad * 3, 3)  # noqa: SLF001
-        conn.send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
-        assert conn.read_response() == b"PONG", "every reply of the failed EXEC was consumed"
+    table.pull(np.array([1, 2], dtype=np.uint64), train=True)
+    bad = b"*1\r\n$3\r\nSET\r\n"  # refused: wrong number of arguments
+    with pytest.raises(SparseTableUnavailable, match="wrong number of arguments"):
+        with table._connection() as conn:  # noqa: SLF001
+            conn.send_packed_command([bad * 3])
+            table._replies(conn, 3)  # noqa: SLF001
+    table.push(np.array([1, 2], dtype=np.uint64), np.ones((2, 4), dtype=np.float32))
+    assert client.ping() and table.stats().rows == 2

@@ -145,5 +145,5 @@ def test_redis_restore_keeps_each_rows_remaining_ttl(
     write_snapshot(tmp_path / "s", aged)
     remote = RedisSparseTable(SPEC, SparseSettings(ttl_s=100), redis_client)
     assert remote.restore(tmp_path / "s") == 2
-    ttls = [redis_client.pttl(remote._w.prefix + int(k).to_bytes(8, "big")) for k in keys]  # noqa: SLF001
+    ttls = [redis_client.pttl(remote._r.prefix + int(k).to_bytes(8, "big")) for k in keys]  # noqa: SLF001
     assert 8_000 < ttls[0] <= 10_000 and 88_000 < ttls[1] <= 90_000

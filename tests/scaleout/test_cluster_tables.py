@@ -53,11 +53,11 @@ def test_rows_spread_over_every_node_and_each_bucket_stays_on_one(cluster: Redis
     table.pull(keys, train=True)
     per_node = {name: client.dbsize() for name, client in _node_clients(cluster).items()}
     assert all(count > 0 for count in per_node.values()), per_node
-    assert sum(per_node.values()) == 2 * len(keys)  # weights and state
-    slots = {cluster.keyslot(table._w[b].prefix) for b in range(SPARSE_CLUSTER_BUCKETS)}
+    assert sum(per_node.values()) == len(keys)  # one key per row: weights then state
+    slots = {cluster.keyslot(table._r[b].prefix) for b in range(SPARSE_CLUSTER_BUCKETS)}
     assert len(slots) == SPARSE_CLUSTER_BUCKETS
-    for b in range(SPARSE_CLUSTER_BUCKETS):  # weights, state and counters share a slot
-        assert len({cluster.keyslot(k[b].prefix) for k in (table._w, table._s, table._c)}) == 1
+    for b in range(SPARSE_CLUSTER_BUCKETS):  # rows and counters share a slot
+        assert len({cluster.keyslot(k[b].prefix) for k in (table._r, table._c)}) == 1
 
 
 def test_a_push_during_resharding_applies_each_gradient_once(cluster: RedisCluster) -> None:
@@ -71,8 +71,8 @@ def test_a_push_during_resharding_applies_each_gradient_once(cluster: RedisClust
     table.push(keys, grads)
     for bucket in (3, 17, 40):  # moved behind the table's back (another client)
         rows = [int(k).to_bytes(8, "big") for k in keys if k % SPARSE_CLUSTER_BUCKETS == bucket]
-        names = [kind[bucket].prefix + row for kind in (table._w, table._s) for row in rows]
-        _move_slot(other, cluster.keyslot(table._w[bucket].prefix), names)
+        names = [table._r[bucket].prefix + row for row in rows]
+        _move_slot(other, cluster.keyslot(table._r[bucket].prefix), names)
     refreshes: list[int] = []
     initialize = cluster.nodes_manager.initialize
 
