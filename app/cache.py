@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from feature_store.activity.base import ActivityStore, VideoStats
 from feature_store.catalog.base import CatalogStore, Video
+from feature_store.changelog import ChangeLog
 from feature_store.sparse.base import SparseTable
 
 K = TypeVar("K", bound=Hashable)
@@ -141,10 +142,16 @@ class CachedReads:
         self.tables = tables
         self.enabled = enabled and ttl_ms > 0
         ttl_s = ttl_ms / 1000
+        self.catalog_ttl_s = max(ttl_s, CATALOG_TTL_S) if self.enabled else 0.0
+        """How long a catalog record read is reused (0: not cached)."""
+        self.stats_ttl_s = ttl_s if self.enabled else 0.0
+        """How long counters and sparse rows read are reused (0: not cached)."""
         self._videos: TtlCache[str, Video | None] = TtlCache(max(ttl_s, CATALOG_TTL_S))
         self._stats: TtlCache[str, VideoStats] = TtlCache(ttl_s)
         self._ttl_s = ttl_s
         self._rows = {name: RowCache(table, ttl_s) for name, table in tables.items()}
+        self.forgotten = ChangeLog()
+        """Ids of the catalog records written through this process, in order."""
         self._family_rows: dict[int, dict[str, RowCache]] = {}
 
     def videos(self, video_ids: Sequence[str]) -> list[Video | None]:
@@ -182,5 +189,11 @@ class CachedReads:
         return lambda table, keys: caches[table].pull(keys)
 
     def forget_videos(self, video_ids: Iterable[str]) -> None:
-        """Drop cached catalog records (after a write through this process)."""
-        self._videos.invalidate(video_ids)
+        """Drop cached catalog records (after a write through this process).
+
+        Also logged in :attr:`forgotten`, which serving's per-video arrays
+        (:mod:`app.scoring.video_table`) follow.
+        """
+        ids = list(video_ids)
+        self._videos.invalidate(ids)
+        self.forgotten.append(ids)

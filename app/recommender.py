@@ -1,8 +1,10 @@
 """The recommend use case: candidates, filters, scoring, top-K, and the fallbacks.
 
 Normal path: the user's history (one read), candidates (given, or retrieved
-from the sources), one catalog ``get_many`` to filter them, the videos'
-counters (one read), then :class:`~app.scoring.scorer.Scorer` and a top-K.
+from the sources), then :class:`~app.scoring.scorer.Scorer`: it maps the ids
+to rows of its per-video arrays (reading from the catalog and the counters
+only what it lacks or what changed: :mod:`app.scoring.video_table`), filters
+them there (unknown, hidden, seen, the request's filters), scores, and a top-K.
 
 Fallbacks (``fallback: true`` in the response, counted by reason):
 
@@ -44,6 +46,8 @@ from feature_store.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
+_item = RecommendItem.model_construct
+
 _ID_LIST = re.compile(
     r"^(?:" + ID_CHARSET.pattern[1:-1] + r"\n)*" + ID_CHARSET.pattern[1:-1] + r"\Z"
 )
@@ -70,7 +74,9 @@ class PopularList:
     def refresh(self) -> None:
         now_ms = int(time.time() * 1000)
         proposed = self.retriever.retrieve((), now_ms, personal=False)
-        self.items = self.retriever.resolve(proposed, CandidateFilter(), self.size)
+        ids = [video for video, _ in proposed]
+        sources = [source for _, source in proposed]
+        self.items = self.retriever.resolve(ids, sources, CandidateFilter(), self.size).candidates()
         self.refreshed_at = time.monotonic()
 
     def maybe_refresh(self) -> None:
@@ -160,32 +166,37 @@ class Recommender:
         history = self.activity.history(request.user_id)
         known = bool(history)
         if request.candidates is not None:
-            proposed = [(video, REQUEST) for video in dict.fromkeys(request.candidates)]
+            ids = list(dict.fromkeys(request.candidates))
+            sources = [REQUEST] * len(ids)
         else:
             proposed = self.retriever.retrieve(history, now_ms, personal=known)
+            ids = [video for video, _ in proposed]
+            sources = [source for _, source in proposed]
         f = request.filters
         keep = CandidateFilter(
             seen=frozenset(h.video_id for h in history) if request.exclude_seen else frozenset(),
             categories=frozenset(f.categories) if f.categories is not None else None,
             max_duration_ms=f.max_duration_ms,
         )
-        candidates = self.retriever.resolve(proposed, keep, self.settings.max_candidates)
+        selected, rows = self.scorer.select(ids, keep, self.settings.max_candidates)
+        if selected is not None:
+            ids = [ids[i] for i in selected]
+            sources = [sources[i] for i in selected]
         self.metrics.observe_stage("candidates", time.perf_counter() - t0)
-        self.metrics.candidates.observe(len(candidates))
+        self.metrics.candidates.observe(len(ids))
         reason = None if known or request.candidates is not None else "unknown_user"
         if model is None:
-            scores = 1.0 / (1.0 + np.arange(len(candidates), dtype=np.float32))
-            return self._respond(candidates, scores, count, None, "no_model", zero=True)
-        videos = [c.video for c in candidates]
-        stats = self.reads.stats([v.video_id for v in videos])
-        scores = self.scorer.score(
-            model, request.user_id, now_ms, request.context, history, videos, stats
+            scores = 1.0 / (1.0 + np.arange(len(ids), dtype=np.float32))
+            return self._respond(ids, sources, scores, count, None, "no_model", zero=True)
+        scores = self.scorer.score_rows(
+            model, request.user_id, now_ms, request.context, history, rows
         )
-        return self._respond(candidates, scores, count, model.version, reason)
+        return self._respond(ids, sources, scores, count, model.version, reason)
 
     def _respond(
         self,
-        candidates: Sequence[Candidate],
+        ids: Sequence[str],
+        sources: Sequence[str],
         scores: np.ndarray,
         count: int,
         version: str | None,
@@ -193,18 +204,15 @@ class Recommender:
         zero: bool = False,
         degraded: bool = False,
     ) -> RecommendResponse:
-        k = min(count, len(candidates))
-        if k < len(candidates):
+        k = min(count, len(ids))
+        if k < len(ids):
             top = np.argpartition(-scores, k - 1)[:k]
             order = top[np.argsort(-scores[top], kind="stable")]
         else:
             order = np.argsort(-scores, kind="stable")
+        # model_construct: the values are ours (ids already validated), skip re-validation.
         items = [
-            RecommendItem(
-                video_id=candidates[i].video.video_id,
-                score=0.0 if zero else float(scores[i]),
-                source=candidates[i].source,
-            )
+            _item(video_id=ids[i], score=0.0 if zero else float(scores[i]), source=sources[i])
             for i in order.tolist()
         ]
         return RecommendResponse(

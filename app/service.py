@@ -21,6 +21,7 @@ from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
 from app.scoring.onnx_model import LoadedModel, ModelHolder, ModelLoadError, load_model
 from app.scoring.scorer import Scorer
+from app.scoring.video_table import video_source
 from app.signal_feed import SignalFeed, run_signal_feed
 from feature_store.events import EventValidator
 from feature_store.runtime import Resources, families
@@ -66,7 +67,16 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         api.hot_row_cache_ttl_ms,
         enabled=settings.stores.backend == "redis" or settings.sparse.backend == "redis",
     )
-    scorer = Scorer(resources.schema, resources.tables, metrics.observe_stage, reads.pull)
+    videos = video_source(  # the same staleness bounds as the read cache's
+        resources.catalog,
+        resources.activity,
+        record_ttl_s=reads.catalog_ttl_s,
+        stats_ttl_s=reads.stats_ttl_s,
+        forgotten=reads.forgotten,
+    )
+    scorer = Scorer(
+        resources.schema, resources.tables, metrics.observe_stage, reads.pull, videos=videos
+    )
     known = families(resources)
 
     def loader(version: str) -> LoadedModel:

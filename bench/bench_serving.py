@@ -282,7 +282,7 @@ def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[
     from app.candidates.retrieval import CandidateFilter
     from app.candidates.sources import REQUEST
 
-    rec, scorer, reads, model = service.recommender, service.scorer, service.reads, service.model
+    rec, scorer, model = service.recommender, service.scorer, service.model
     bodies = [json.dumps(b).encode() for b in requests]
     spent: dict[str, float] = {}
     clock = time.thread_time
@@ -295,26 +295,25 @@ def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[
         count = rec.validate(req)
         t2 = clock()
         history = rec.activity.history(req.user_id)
-        proposed = [(v, REQUEST) for v in dict.fromkeys(req.candidates or [])]
-        candidates = rec.retriever.resolve(proposed, CandidateFilter(), rec.settings.max_candidates)
+        ids = list(dict.fromkeys(req.candidates or []))
+        selected, rows = scorer.select(ids, CandidateFilter(), rec.settings.max_candidates)
+        if selected is not None:
+            ids = [ids[i] for i in selected]
         t3 = clock()
-        videos = [c.video for c in candidates]
-        stats = reads.stats([v.video_id for v in videos])
-        t4 = clock()
-        batch = scorer.features(req.user_id, now, req.context, history, videos, stats)
+        batch = scorer.extractor.extract_rows(req.user_id, now, req.context, history, rows)
         t5 = clock()
-        rows, wide = scorer.pull(batch, model)
+        pulled, wide = scorer.pull(batch, model)
         t6 = clock()
-        scores = scorer.run(model, batch, rows, wide)
+        scores = scorer.run(model, batch, pulled, wide)
         t7 = clock()
-        rec._respond(candidates, scores, count, model.version, None).model_dump_json()
+        sources = [REQUEST] * len(ids)
+        rec._respond(ids, sources, scores, count, model.version, None).model_dump_json()
         t8 = clock()
         for stage, seconds in (
             ("parse", t1 - t0),
             ("validate", t2 - t1),
             ("candidates", t3 - t2),
-            ("counters", t4 - t3),
-            ("features", t5 - t4),
+            ("features", t5 - t3),
             ("pull", t6 - t5),
             ("onnx", t7 - t6),
             ("respond", t8 - t7),

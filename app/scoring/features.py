@@ -7,13 +7,13 @@ latency budget. A recommendation request has structure it can exploit:
 - user and context columns (user, device, country, surface, hour, history...)
   are the same for every candidate, so they are computed once and broadcast;
 - video columns (video, creator, category, duration, tags) depend only on the
-  catalog record, so their hashed keys are cached per video;
+  catalog record, so their hashed keys are kept per video, in the rows of a
+  :class:`~app.scoring.video_table.VideoTable`;
 - dense columns are computed with numpy over arrays of the candidates' fields;
   those that depend only on the catalog record and the counters (duration,
-  engagement rates...) are cached per video with the counters they came from,
-  and recomputed for a video whose counters object changed, so a request
-  computes only the clock- and user-dependent ones (age, recency, history).
-
+  engagement rates...) are kept in the same rows and recomputed when the
+  counters change, so a request computes only the clock- and user-dependent
+  ones (age, recency, history);
 - keys are deduplicated without sorting: each distinct value of a video
   column (creator, category, tags...) gets a small integer *code* when its
   video is first cached, so a request's distinct creators are a marker array
@@ -36,13 +36,12 @@ the generic path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter, is_, itemgetter
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.activity.base import HistoryEntry, VideoStats
+from app.scoring.video_table import VideoTable
+from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
 from feature_store.features.columns import (
@@ -54,10 +53,8 @@ from feature_store.features.columns import (
 )
 from feature_store.features.dense import (
     DENSE_SOURCES,
-    STAT_FIELDS,
     DenseInputs,
     dense_matrix,
-    stats_matrix,
 )
 from feature_store.features.extract import BatchFeatures, FeatureExtractor, Indices
 from feature_store.features.keys import Keys, feature_key, splitmix64
@@ -89,10 +86,8 @@ VIDEO_DENSE = {
 """Dense sources that depend only on the catalog record and the video's counters."""
 REQUEST_MULTI = {"history_videos"}
 VIDEO_MULTI = {"tags"}
-_fingerprint = attrgetter("creator_id", "category", "tags", "duration_ms", "uploaded_at")
-"""The catalog fields video-level features read (besides the id, the cache key)."""
-_CACHE_MAX = 200_000
 _MASK64 = (1 << 64) - 1
+_CONSTANT_KEYS_MAX = 100_000
 
 
 def unique_inverse(parts: Sequence[Keys]) -> tuple[Keys, list[npt.NDArray[np.int64]]]:
@@ -117,119 +112,6 @@ def unique_inverse(parts: Sequence[Keys]) -> tuple[Keys, list[npt.NDArray[np.int
     inverse[order] = np.cumsum(distinct) - 1
     bounds = np.cumsum([len(p) for p in parts[:-1]]).tolist()
     return ordered[distinct], np.split(inverse, bounds)
-
-
-class _Codes:
-    """Small integer codes for the distinct keys of one video column.
-
-    A code is given when a video carrying the key is cached, so a request
-    finds its distinct keys with a marker array over codes (:meth:`distinct`)
-    rather than by sorting 64-bit keys. Codes are never reused: the table
-    that owns them is emptied, codes included, at ``_CACHE_MAX`` videos.
-    """
-
-    def __init__(self) -> None:
-        self.code_of: dict[int, int] = {}
-        self.keys = np.zeros(256, dtype=np.uint64)
-        """Code to key."""
-
-    def code(self, key: int) -> int:
-        code = self.code_of.get(key)
-        if code is None:
-            code = self.code_of[key] = len(self.code_of)
-            if code == len(self.keys):
-                self.keys = np.concatenate([self.keys, np.zeros_like(self.keys)])
-            self.keys[code] = key
-        return code
-
-    def distinct(self, codes: npt.NDArray[np.int32]) -> tuple[Keys, Indices]:
-        """The distinct keys among ``codes`` (in code order) and each code's position in them."""
-        n = len(self.code_of)
-        mark = np.zeros(n, dtype=np.bool_)
-        mark[codes] = True
-        present = np.flatnonzero(mark)
-        position = np.empty(n, dtype=np.int64)
-        position[present] = np.arange(len(present))
-        return self.keys[present], position[codes]
-
-
-class _VideoTable:
-    """Video-level keys, codes and numbers of every video seen, one row per video.
-
-    Gathering 500 rows is one fancy-indexing op per matrix instead of 500
-    Python-level conversions. A row is reused while its catalog record is the
-    same object (memory catalog) or equal (Redis returns fresh objects);
-    a changed record gets a fresh row. Its counters and the dense values
-    derived from them are kept with the counters object they came from and
-    recomputed when another object comes (the stores hand out immutable
-    counters: the memory store the same object until it changes, the service's
-    Redis cache the same object for its TTL). Emptied at ``_CACHE_MAX`` rows.
-
-    Video ids get no codes (``coders[j] is None``): every video has its own,
-    and a request's candidates are distinct already.
-    """
-
-    def __init__(self, coded: list[bool], multi_lens: dict[str, int], n_dense: int) -> None:
-        self.coded = coded
-        self.multi_lens = multi_lens
-        self.n_dense = n_dense
-        self.clear()
-
-    def clear(self, capacity: int = 1024) -> None:
-        n_categorical = len(self.coded)
-        self.row_of: dict[str, int] = {}
-        self.videos: list[Video] = []
-        self.fingerprints: list[tuple[object, ...]] = []
-        self.categorical = np.zeros((capacity, n_categorical), dtype=np.uint64)
-        self.codes = np.zeros((capacity, n_categorical), dtype=np.int32)
-        self.coders = [_Codes() if coded else None for coded in self.coded]
-        self.numbers = np.zeros((capacity, 2), dtype=np.float64)
-        self.multi = {
-            n: np.zeros((capacity, k), dtype=np.uint64) for n, k in self.multi_lens.items()
-        }
-        self.multi_codes = {
-            n: np.zeros((capacity, k), dtype=np.int32) for n, k in self.multi_lens.items()
-        }
-        self.multi_coders = {n: _Codes() for n in self.multi_lens}
-        self.multi_len = {n: np.zeros(capacity, dtype=np.int64) for n in self.multi_lens}
-        self.stats_of: list[VideoStats | None] = []
-        self.stats = np.zeros((capacity, len(STAT_FIELDS)), dtype=np.float64)
-        self.dense = np.zeros((capacity, self.n_dense), dtype=np.float32)
-
-    def _grow(self) -> None:
-        def doubled(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
-            return np.concatenate([array, np.zeros_like(array)])
-
-        self.categorical = doubled(self.categorical)
-        self.codes = doubled(self.codes)
-        self.numbers = doubled(self.numbers)
-        self.stats = doubled(self.stats)
-        self.dense = doubled(self.dense)
-        for n in self.multi:
-            self.multi[n] = doubled(self.multi[n])
-            self.multi_codes[n] = doubled(self.multi_codes[n])
-            self.multi_len[n] = doubled(self.multi_len[n])
-
-    def add(self, video: Video, categorical: list[int], multi: dict[str, Keys]) -> int:
-        row = len(self.videos)
-        if row == len(self.numbers):
-            self._grow()
-        self.videos.append(video)
-        self.stats_of.append(None)
-        self.fingerprints.append(_fingerprint(video))
-        self.row_of[video.video_id] = row
-        self.categorical[row] = categorical
-        self.codes[row] = [
-            coder.code(key) if coder is not None else 0
-            for coder, key in zip(self.coders, categorical, strict=True)
-        ]
-        self.numbers[row] = (video.uploaded_at, video.duration_ms)
-        for n, keys in multi.items():
-            coder = self.multi_coders[n]
-            self.multi[n][row, : len(keys)] = keys
-            self.multi_codes[n][row, : len(keys)] = [coder.code(k) for k in keys.tolist()]
-            self.multi_len[n][row] = len(keys)
-        return row
 
 
 class RequestFeatureExtractor(FeatureExtractor):
@@ -258,11 +140,16 @@ class RequestFeatureExtractor(FeatureExtractor):
             for j, c in enumerate(schema.dense)
             if c.source not in VIDEO_DENSE
         ]
-        self._table = _VideoTable(
+        self.table = VideoTable(
             [c.source != "video_id" for c in self._video_columns],
             {c.name: c.max_len for c in self._video_multi},
             len(self._video_dense),
+            self._describe,
+            self._derive,
         )
+        """This extractor's per-video rows (:mod:`app.scoring.video_table`)."""
+        self._constant_keys: dict[tuple[str, str], Keys] = {}
+        """``(column, value)`` of user and context columns to their one-key array."""
 
     def extract_request(
         self,
@@ -280,10 +167,41 @@ class RequestFeatureExtractor(FeatureExtractor):
                 for v, s in zip(videos, stats, strict=True)
             ]
             return self.extract(rows)
-        batch = len(videos)
+        idx = self.table.rows_of(videos)
+        self.table.set_stats(idx, stats)
+        return self.extract_rows(user_id, ts_ms, context, history, idx)
+
+    def extract_rows(
+        self,
+        user_id: str,
+        ts_ms: int,
+        context: EventContext,
+        history: Sequence[HistoryEntry],
+        idx: Indices,
+    ) -> BatchFeatures:
+        """Features of ``user_id`` against the videos of :attr:`table` rows ``idx``.
+
+        The rows' catalog fields and counters are what the table holds (see
+        :meth:`VideoTable.lookup` for how they are kept fresh).
+        """
+        table = self.table
+        if not self.vectorised:
+            at = idx.tolist()
+            rows = [
+                FeatureRow(
+                    user_id,
+                    table.videos[r].video_id,
+                    ts_ms,
+                    table.videos[r],
+                    context,
+                    tuple(history),
+                    table.stats_of[r] or NO_STATS,
+                )
+                for r in at
+            ]
+            return self.extract(rows)
+        batch = len(idx)
         template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
-        idx = self._rows_of(videos)
-        table = self._table
         varying: dict[str, tuple[Keys, Indices]] = {}
         """Categorical columns of the videos: their distinct keys, each row's position in them."""
         constant: dict[str, Keys] = {}
@@ -303,7 +221,13 @@ class RequestFeatureExtractor(FeatureExtractor):
         for col in self.schema.categorical:
             if col.source in REQUEST_CATEGORICAL:
                 value = CATEGORICAL_SOURCES[col.source](template)
-                constant[col.name] = self._hasher(col.space()).hash_many([value])
+                key = self._constant_keys.get((col.name, value))
+                if key is None:
+                    if len(self._constant_keys) >= _CONSTANT_KEYS_MAX:
+                        self._constant_keys.clear()
+                    key = self._hasher(col.space()).hash_many([value])
+                    self._constant_keys[col.name, value] = key
+                constant[col.name] = key
         for multi in self.schema.multi_valued:
             if multi.source in REQUEST_MULTI:
                 values = MULTI_SOURCES[multi.source](template)[: multi.max_len]
@@ -317,7 +241,7 @@ class RequestFeatureExtractor(FeatureExtractor):
             batch, varying, constant, shared, ragged
         )
         wide_keys, wide_indices = self._index_request_wide(batch, varying, constant)
-        dense = self._dense(ts_ms, history, idx, stats)
+        dense = self._dense(ts_ms, history, idx)
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
 
     def _index_request_tables(
@@ -422,28 +346,8 @@ class RequestFeatureExtractor(FeatureExtractor):
             start += len(block)
         return np.concatenate(blocks), indices
 
-    def _rows_of(self, videos: Sequence[Video]) -> npt.NDArray[np.int64]:
-        table = self._table
-        if len(table.videos) + len(videos) > _CACHE_MAX:
-            table.clear()
-        row_of, cached = table.row_of, table.videos
-        rows = [row_of.get(v.video_id, -1) for v in videos]
-        if rows and -1 not in rows:
-            known = itemgetter(*rows)(cached) if len(rows) > 1 else (cached[rows[0]],)
-            if all(map(is_, known, videos)):  # the usual case: same records as last time
-                return np.fromiter(rows, np.int64, len(rows))
-        for i, (row, video) in enumerate(zip(rows, videos, strict=True)):
-            # Redis hands out new objects: compare the fields features read, not the object.
-            if row < 0:
-                rows[i] = self._add(video)
-            elif cached[row] is not video:
-                if table.fingerprints[row] != _fingerprint(video):
-                    rows[i] = self._add(video)
-                else:
-                    cached[row] = video  # the same record: next time the identity check holds
-        return np.fromiter(rows, np.int64, len(rows))
-
-    def _add(self, video: Video) -> int:
+    def _describe(self, video: Video) -> tuple[list[int], dict[str, Keys]]:
+        """A video's keys for the table's video columns (see :class:`VideoTable`)."""
         row = FeatureRow("", video.video_id, 0, video)
         categorical = [
             int(self._hasher(c.space()).hash_many([CATEGORICAL_SOURCES[c.source](row)])[0])
@@ -453,17 +357,26 @@ class RequestFeatureExtractor(FeatureExtractor):
             c.name: self._hasher(c.space()).hash_many(MULTI_SOURCES[c.source](row)[: c.max_len])
             for c in self._video_multi
         }
-        return self._table.add(video, categorical, multi)
+        return categorical, multi
+
+    def _derive(
+        self, numbers: npt.NDArray[np.float64], stats: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float32]:
+        """The dense columns cached per video, from ``(uploaded_at, duration_ms)`` and counters."""
+        n = len(numbers)
+        inputs = DenseInputs(
+            ts_ms=np.zeros(n),  # unused by VIDEO_DENSE sources
+            uploaded_at=numbers[:, 0],
+            duration_ms=numbers[:, 1],
+            stats=stats,
+            history_len=np.zeros(n),
+        )
+        return dense_matrix([self.schema.dense[j] for j in self._video_dense], inputs)
 
     def _dense(
-        self,
-        ts_ms: int,
-        history: Sequence[HistoryEntry],
-        idx: npt.NDArray[np.int64],
-        stats: Sequence[VideoStats],
+        self, ts_ms: int, history: Sequence[HistoryEntry], idx: Indices
     ) -> npt.NDArray[np.float32]:
-        table = self._table
-        self._refresh_stats(idx, stats)
+        table = self.table
         batch = len(idx)
         numbers = table.numbers[idx]
         inputs = DenseInputs(
@@ -479,43 +392,3 @@ class RequestFeatureExtractor(FeatureExtractor):
         for j, source in self._request_dense:
             out[:, j] = source(inputs)
         return out
-
-    def _refresh_stats(self, idx: npt.NDArray[np.int64], stats: Sequence[VideoStats]) -> None:
-        """Recompute the cached counters and dense values of rows whose counters changed."""
-        table = self._table
-        rows = idx.tolist()
-        if not rows:
-            return
-        cached = table.stats_of
-        known = itemgetter(*rows)(cached) if len(rows) > 1 else (cached[rows[0]],)
-        if all(map(is_, known, stats)):
-            return
-        # Another object with the same counters (a store's fresh zeros for a video
-        # without events) is no change; comparing costs only on a mismatch.
-        changed = []
-        for i, (k, s) in enumerate(zip(known, stats, strict=True)):
-            if k is not s:
-                if k != s:
-                    changed.append(i)
-                else:
-                    cached[rows[i]] = s  # next time the identity check holds
-        if not changed:
-            return
-        at = idx[changed]
-        fresh = [stats[i] for i in changed]
-        matrix = stats_matrix(fresh)
-        table.stats[at] = matrix
-        for i, row in zip(changed, at.tolist(), strict=True):
-            cached[row] = stats[i]
-        if self._video_dense:
-            numbers = table.numbers[at]
-            n = len(at)
-            inputs = DenseInputs(
-                ts_ms=np.zeros(n),  # unused by VIDEO_DENSE sources
-                uploaded_at=numbers[:, 0],
-                duration_ms=numbers[:, 1],
-                stats=matrix,
-                history_len=np.zeros(n),
-            )
-            columns = [self.schema.dense[j] for j in self._video_dense]
-            table.dense[at] = dense_matrix(columns, inputs)

@@ -17,13 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from app.candidates.retrieval import CandidateFilter
 from app.scoring.features import RequestFeatureExtractor
 from app.scoring.onnx_model import LoadedModel, pad_batch
+from app.scoring.video_table import VideoSource
 from feature_store import model_io
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
-from feature_store.features.extract import BatchFeatures
+from feature_store.features.extract import BatchFeatures, Indices
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.sparse.base import SparseTable
 
@@ -42,8 +44,11 @@ class Scorer:
         tables: Mapping[str, SparseTable],
         observe: StageObserver | None = None,
         pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
+        videos: VideoSource | None = None,
     ) -> None:
         self.schema = schema
+        self.videos = videos
+        """Where :meth:`select` reads candidates' records and counters."""
         self.tables = tables
         self.observe = observe or (lambda stage, seconds: None)
         self._pull = pull or (lambda table, keys: self.tables[table].pull(keys, train=False))
@@ -94,6 +99,40 @@ class Scorer:
         feed = model_io.build_feed(self.schema, padded, rows, wide)
         return model.run(feed)[: batch.batch_size]
 
+    def select(
+        self, video_ids: Sequence[str], keep: CandidateFilter, cap: int
+    ) -> tuple[list[int] | None, Indices]:
+        """Which of ``video_ids`` to score, and their rows in this thread's video table.
+
+        The positions (into ``video_ids``) of the known, visible ids that pass
+        ``keep``, at most ``cap``, in order; None when that is all of them.
+        """
+        if self.videos is None:
+            raise RuntimeError("this scorer was built without a video source")
+        table = self.extractor.table
+        rows = table.lookup(video_ids, self.videos)
+        ok = table.passing(rows, keep)
+        if len(rows) <= cap and ok.all():
+            return None, rows
+        positions = np.flatnonzero(ok)[:cap]
+        return positions.tolist(), rows[positions]
+
+    def score_rows(
+        self,
+        model: LoadedModel,
+        user_id: str,
+        ts_ms: int,
+        context: EventContext,
+        history: Sequence[HistoryEntry],
+        rows: Indices,
+    ) -> npt.NDArray[np.float32]:
+        """:meth:`score` for rows of this thread's video table (from :meth:`select`)."""
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        t0 = time.perf_counter()
+        batch = self.extractor.extract_rows(user_id, ts_ms, context, history, rows)
+        return self._pull_and_run(model, batch, t0)
+
     def score(
         self,
         model: LoadedModel,
@@ -109,6 +148,12 @@ class Scorer:
             return np.zeros(0, dtype=np.float32)
         t0 = time.perf_counter()
         batch = self.features(user_id, ts_ms, context, history, videos, stats)
+        return self._pull_and_run(model, batch, t0)
+
+    def _pull_and_run(
+        self, model: LoadedModel, batch: BatchFeatures, t0: float
+    ) -> npt.NDArray[np.float32]:
+        """Pull and score ``batch``; observes the three stages (features from ``t0``)."""
         t1 = time.perf_counter()
         rows, wide = self.pull(batch, model)
         t2 = time.perf_counter()

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 from pathlib import Path
 from types import TracebackType
 
 from feature_store.activity import rules
 from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
 from feature_store.atomic import atomic_text
+from feature_store.changelog import ChangeLog
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.events import Event
 from feature_store.settings import FeatureSettings
@@ -101,6 +103,8 @@ class MemoryActivity:
         self._histories: dict[str, History] = {}
         self._stats: dict[str, VideoStats] = {}
         self._lock = threading.Lock()
+        self.stats_changes = ChangeLog()
+        """Ids of the videos whose counters changed, in order (serving's arrays follow it)."""
 
     def __enter__(self) -> MemoryActivity:
         return self
@@ -133,6 +137,7 @@ class MemoryActivity:
             for video_id, delta in deltas.items():
                 old_stats = self._stats.get(video_id) or NO_STATS
                 self._stats[video_id] = rules.apply_delta(old_stats, delta)
+            self.stats_changes.append(deltas)
 
     def history(self, user_id: str, limit: int | None = None) -> list[HistoryEntry]:
         """Newest first; empty for an unknown user (and for ``limit <= 0``)."""
@@ -148,7 +153,8 @@ class MemoryActivity:
     def video_stats(self, video_ids: Sequence[str]) -> list[VideoStats]:
         """Counters in the order asked; zeros for unknown videos."""
         with self._lock:
-            return [self._stats.get(video_id, NO_STATS) for video_id in video_ids]
+            # C-level map: 500 ids per recommend request.
+            return list(map(self._stats.get, video_ids, repeat(NO_STATS, len(video_ids))))
 
     def snapshot(self, directory: Path) -> None:
         """Write every history and counter to ``directory`` (atomic replace).
@@ -178,6 +184,7 @@ class MemoryActivity:
         with self._lock:
             self._histories = histories
             self._stats = stats
+            self.stats_changes.everything_changed()
 
     def close(self) -> None:
         """Nothing to release; the owner snapshots first if it wants to keep the data."""

@@ -15,6 +15,7 @@ from types import TracebackType
 
 from feature_store.atomic import atomic_text
 from feature_store.catalog.base import Video
+from feature_store.changelog import ChangeLog
 from feature_store.errors import InvalidInput, NotFound
 
 SNAPSHOT_FILE = "catalog.jsonl"
@@ -75,6 +76,9 @@ class MemoryCatalog:
     GIL, and take no lock. Critical sections are dict updates and list
     slices, far too short for contention to be worth a finer scheme.
 
+    Every write appends the ids it changed to :attr:`changes`, which
+    serving's per-video arrays follow (:mod:`feature_store.changelog`).
+
     Persistence is driven by the owner (``Resources.snapshot`` / ``restore``
     in :mod:`feature_store.runtime`), not by :meth:`close`, so a snapshot is
     written once per shutdown.
@@ -84,6 +88,8 @@ class MemoryCatalog:
         self._videos: dict[str, Video] = {}
         self._visible: list[tuple[int, str]] = []
         self._lock = threading.Lock()
+        self.changes = ChangeLog()
+        """Ids of the videos written (upserted, hidden, unhidden), in order."""
 
     def __enter__(self) -> MemoryCatalog:
         return self
@@ -104,14 +110,16 @@ class MemoryCatalog:
             if len(videos) * _REBUILD_FRACTION > len(self._visible):
                 self._videos.update((video.video_id, video) for video in videos)
                 self._rebuild_index()
-                return
-            for video in videos:
-                old = self._videos.get(video.video_id)
-                if old is not None:
-                    self._unindex(old)
-                self._videos[video.video_id] = video
-                if not video.hidden:
-                    insort(self._visible, (video.uploaded_at, video.video_id))
+            else:
+                for video in videos:
+                    old = self._videos.get(video.video_id)
+                    if old is not None:
+                        self._unindex(old)
+                    self._videos[video.video_id] = video
+                    if not video.hidden:
+                        insort(self._visible, (video.uploaded_at, video.video_id))
+            # After the writes: a reader that sees an id here reads the new record.
+            self.changes.append(video.video_id for video in videos)
 
     def set_hidden(self, video_id: str, hidden: bool) -> Video:
         """Hide or unhide; raises :class:`NotFound` for an unknown id."""
@@ -123,6 +131,7 @@ class MemoryCatalog:
                 return old
             new = old.model_copy(update={"hidden": hidden})
             self._videos[video_id] = new
+            self.changes.append((video_id,))
             if hidden:
                 self._unindex(old)
             else:
@@ -151,8 +160,7 @@ class MemoryCatalog:
 
     def get_many(self, video_ids: Sequence[str]) -> list[Video | None]:
         """Videos in the order asked, ``None`` where unknown."""
-        videos = self._videos
-        return [videos.get(video_id) for video_id in video_ids]
+        return list(map(self._videos.get, video_ids))  # C-level: 500 ids per request
 
     def recent(self, limit: int, since_ms: int | None = None) -> list[Video]:
         """Newest visible uploads first; only those uploaded at or after ``since_ms``."""
@@ -189,6 +197,7 @@ class MemoryCatalog:
         with self._lock:
             self._videos = videos
             self._rebuild_index()
+            self.changes.everything_changed()
         return len(videos)
 
     def close(self) -> None:

@@ -362,7 +362,7 @@ def test_a_scoring_bug_is_a_fallback_not_a_500(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(service.scorer, "score", broken)
+    monkeypatch.setattr(service.scorer, "score_rows", broken)
     response = client.post("/v1/recommend", json={"user_id": "u1"})
     assert response.status_code == 200
     assert response.json()["fallback_reason"] == "error"
