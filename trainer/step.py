@@ -5,6 +5,12 @@ prequential metrics come from the forward pass *before* any parameter moves;
 the sparse pushes happen before the dense optimizer steps, and the caller
 commits offsets only after both (see :mod:`trainer.loop`).
 
+A batch's pulls, and its pushes, run for all tables at once on this thread
+(:func:`feature_store.sparse.steps.pull_many` and ``push_many``): Redis
+tables send every table's commands before reading any reply, so the server
+works on one table while this thread decodes another. ``io_threads`` > 1
+runs them on a thread pool instead, one table per call.
+
 With ``overlap_push`` (durable tables, e.g. Redis) the pushes are handed to
 a background thread and the dense step runs at once; :meth:`Trainer.settle`
 waits for them. The caller settles before anything that must follow the
@@ -23,7 +29,7 @@ normalise step sizes per key, and Adam is invariant to the scale.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
@@ -37,10 +43,14 @@ from torch.nn import functional
 
 from feature_store.features.extract import BatchFeatures, FeatureExtractor
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
-from feature_store.sparse.base import SparseTable
+from feature_store.sparse.base import Keys, Rows, SparseTable
+from feature_store.sparse.steps import pull_many, push_many
 from trainer.model import WideDeep
 
 T = TypeVar("T")
+
+Push = tuple[SparseTable, Keys, Rows]
+"""One table's share of a step's pushes: the table, its keys, their gradients."""
 
 
 @dataclass
@@ -95,14 +105,20 @@ class Trainer:
         self.extractor = FeatureExtractor(schema)
         self._table_names = list(schema.table_dims())
         self._pool = (
-            ThreadPoolExecutor(io_threads, thread_name_prefix="vidrec-table-io")
+            # overlap_push: one more worker, to run the step's pushes (which, with
+            # io_threads > 1, hand each table to the other workers)
+            ThreadPoolExecutor(
+                io_threads + (1 if overlap_push else 0), thread_name_prefix="vidrec-table-io"
+            )
             if io_threads > 1 or overlap_push
             else None
         )
         self.overlap_push = overlap_push
         self._io_threads = io_threads
-        self._pending: list[tuple[Callable[[], None], Future[None] | None]] = []
-        """Pushes of the last step not yet settled: (call, future), or (call, None) to rerun."""
+        self._inflight: tuple[list[Push], Future[list[Exception | None]]] | None = None
+        """The last step's pushes running in the background (overlap_push), not yet settled."""
+        self._failed: list[Push] = []
+        """Pushes that failed, to run again (and only them) at the next settle."""
 
     def close(self) -> None:
         """Waits for pushes in flight (their outcome is the next settle's, if any)."""
@@ -110,27 +126,43 @@ class Trainer:
             self._pool.shutdown(wait=True)
             self._pool = None  # later steps (a restarted loop) run sequentially
 
-    def _each(self, calls: list[Callable[[], T]]) -> list[T]:
-        """Run the calls (one per table), concurrently with a pool; all finish before return.
+    @property
+    def _threaded(self) -> bool:
+        return self._pool is not None and self._io_threads > 1
+
+    def _each(self, calls: list[Callable[[], T]]) -> list[T | Exception]:
+        """Run the calls (one per table) on the pool; each one's result or error.
 
         Every call completes (or fails) before this returns, so no push is
-        still in flight when the caller commits; the first error is raised.
+        still in flight when the caller commits.
         """
-        if self._pool is None or self._io_threads == 1:
-            return [call() for call in calls]
+        assert self._pool is not None
         futures = [self._pool.submit(call) for call in calls]
         wait(futures)
-        return [f.result() for f in futures]
+        return [f.exception() or f.result() for f in futures]  # type: ignore[misc]
 
     def pull(
         self, batch: BatchFeatures, train: bool
     ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
         names = [*self._table_names, WIDE_TABLE]
         keys = [*(batch.table_keys[t] for t in self._table_names), batch.wide_keys]
-        pulled = self._each(
-            [partial(self.tables[t].pull, k, train=train) for t, k in zip(names, keys, strict=True)]
-        )
-        return dict(zip(self._table_names, pulled[:-1], strict=True)), pulled[-1]
+        requests = [(self.tables[t], k) for t, k in zip(names, keys, strict=True)]
+        if self._threaded:
+            pulled = self._each([partial(t.pull, k, train=train) for t, k in requests])
+            for outcome in pulled:
+                if isinstance(outcome, Exception):
+                    raise outcome
+        else:
+            pulled = pull_many(requests, train=train)  # type: ignore[assignment]
+        rows: list[npt.NDArray[np.float32]] = pulled  # type: ignore[assignment]
+        return dict(zip(self._table_names, rows[:-1], strict=True)), rows[-1]
+
+    def _push(self, pushes: Sequence[Push]) -> list[Exception | None]:
+        """Run ``pushes`` (all tables at once, or on the pool); each one's error or None."""
+        if not self._threaded:
+            return push_many(pushes)
+        outcomes = self._each([partial(table.push, k, g) for table, k, g in pushes])
+        return [o if isinstance(o, Exception) else None for o in outcomes]
 
     def step(
         self,
@@ -150,19 +182,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         n = len(self._table_names)
-        pushes: list[Callable[[], None]] = []
+        pushes: list[Push] = []
         for name, tensor in zip(self._table_names, inputs[:n], strict=True):
             if tensor.grad is not None and len(batch.table_keys[name]):
-                pushes.append(
-                    partial(self.tables[name].push, batch.table_keys[name], tensor.grad.numpy())
-                )
+                pushes.append((self.tables[name], batch.table_keys[name], tensor.grad.numpy()))
         wide_grad = inputs[n + len(self.schema.embedded)].grad
         if wide_grad is not None and len(batch.wide_keys):
-            pushes.append(partial(self.tables[WIDE_TABLE].push, batch.wide_keys, wide_grad.numpy()))
+            pushes.append((self.tables[WIDE_TABLE], batch.wide_keys, wide_grad.numpy()))
         if self.overlap_push and self._pool is not None:
-            self._pending = [(call, self._pool.submit(call)) for call in pushes]
+            self._inflight = (pushes, self._pool.submit(self._push, pushes))
         else:
-            self._each(pushes)
+            for error in self._push(pushes):
+                if error is not None:
+                    raise error
         self.optimizer.step()
         scores = torch.sigmoid(logits.detach()).double().numpy()
         return StepResult(scores, float(loss.detach()), batch.unique_key_count)
@@ -174,21 +206,29 @@ class Trainer:
         every push of the step has finished; the failed ones stay pending, so
         calling again (the loop's retry) pushes exactly those tables.
         """
-        pending, self._pending = self._pending, []
-        failed: list[tuple[Callable[[], None], Future[None] | None]] = []
-        error: BaseException | None = None
-        for call, future in pending:
+        failed: list[Push] = []
+        errors: list[Exception] = []
+
+        def collect(pushes: list[Push], outcomes: list[Exception | None]) -> None:
+            for push, outcome in zip(pushes, outcomes, strict=True):
+                if outcome is not None:
+                    failed.append(push)
+                    errors.append(outcome)
+
+        if self._inflight is not None:
+            pushes, future = self._inflight
+            self._inflight = None
             try:
-                if future is None:
-                    call()
-                else:
-                    future.result()
-            except Exception as exc:
-                failed.append((call, None))
-                error = error or exc
-        if error is not None:
-            self._pending = failed
-            raise error
+                outcomes = future.result()
+            except Exception as exc:  # not raised by _push; kept whole to be safe
+                outcomes = [exc] * len(pushes)
+            collect(pushes, outcomes)
+        retry, self._failed = self._failed, []
+        if retry:
+            collect(retry, self._push(retry))
+        if errors:
+            self._failed = failed
+            raise errors[0]
 
     @torch.no_grad()
     def score(self, batch: BatchFeatures) -> npt.NDArray[np.float64]:

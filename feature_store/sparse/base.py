@@ -21,8 +21,9 @@ Semantics shared by every backend (the same tests run against each):
   initial value (see :mod:`feature_store.sparse.initializers`); until then it
   pulls zeros and its gradients are dropped by ``push``.
 - **Push** applies the table's optimizer (Adagrad or Adam for embeddings,
-  FTRL for wide weights) row by row; optimizer state is stored apart from
-  the weights so that serving never reads it.
+  FTRL for wide weights) row by row; a row's optimizer state is stored
+  with its weights (Redis: in the same value) and ``pull`` returns the
+  weights alone.
 - **Expiry**: a row not updated for ``ttl_s`` seconds disappears with its
   state (Redis: key TTLs; memory: checked on read, swept by ``expire``).
 - **Concurrency**: pushes of the same key by two writers at once resolve as

@@ -17,18 +17,23 @@ expiring; counters carry the same TTL. Serving reads rows with the same
 twice the bytes of weights alone, which for rows of a few dozen bytes costs
 less than a second command per key would.
 
-Round trips, for each chunk of ``batch_chunk`` keys (never one per key):
+Commands, for each chunk of ``batch_chunk`` keys (never one per key), every
+chunk's commands of a step sent before any reply is read:
 
 - ``pull``: one ``MGET``. A training pull that finds missing keys adds, for
   those keys only, one round trip of ``INCR`` + ``PEXPIRE`` on their
   counters (skipped when ``admission_threshold`` is 1), and one round trip
   writing the admitted rows with ``SET ... NX PX`` so that a row another
   trainer just created is never reset to its initial value.
-- ``push``: one round trip of one ``MGET`` (the rows as they are now, not as
-  the pull saw them, so another trainer's update in between is built on),
-  the optimizer in numpy, then one round trip of ``SET ... PX`` per row.
+- ``push``: one ``MGET`` (the rows as they are now, not as the pull saw
+  them, so another trainer's update in between is built on), the optimizer
+  in numpy, then one ``SET ... PX`` per row, whose replies are read last.
   Keys whose rows are missing (not admitted, or expired) drop their
   gradient, as the contract says.
+
+Both are also offered as steps (``pull_steps``, ``push_steps``; see
+:mod:`.steps`), which the trainer runs for all its tables at once so that
+Redis works on one table while this process decodes another.
 
 Concurrency: last writer wins. Two trainers pushing the same key at once
 both read the row, both compute an update, and the ``SET`` that runs second
@@ -91,8 +96,10 @@ from feature_store.sparse.base import Keys, Rows, TableSpec, TableStats
 from feature_store.sparse.initializers import Initializer
 from feature_store.sparse.optimizers import as_grads, as_keys, make_optimizer
 from feature_store.sparse.snapshot import SnapshotData, read_snapshot, write_snapshot
+from feature_store.sparse.steps import Steps, run
 
 _CRLF = b"\r\n"
+
 
 
 def _records(n: int, parts: Sequence[bytes | np.ndarray]) -> bytes:
@@ -244,13 +251,11 @@ class RedisSparseTable:
         read = conn.read_response
         return [read(disable_decoding=True) for _ in range(count)]
 
-    def _read_rows(
-        self, conn: AbstractConnection, kb: np.ndarray
-    ) -> tuple[Rows, Rows, np.ndarray]:
-        """Weights ``(n, dim)``, state ``(n, state_width)`` (zeros where missing), present mask."""
-        conn.send_packed_command([self._r.mget(kb)])
+    def _split(self, reply: object) -> tuple[Rows, Rows, np.ndarray]:
+        """Weights ``(n, dim)``, state ``(n, state_width)`` (zeros where missing) and the
+        present mask, from the reply to an ``MGET`` of rows."""
         return split_rows(
-            conn.read_response(disable_decoding=True),
+            reply,  # type: ignore[arg-type]
             self.spec.dim,
             self.state_width,
             f"sparse table {self.spec.name!r}",
@@ -264,23 +269,40 @@ class RedisSparseTable:
     # --- SparseTable --------------------------------------------------
 
     def pull(self, keys: Keys, *, train: bool = False) -> Rows:
+        return run([self.pull_steps(keys, train=train)])[0]  # type: ignore[return-value]
+
+    def push(self, keys: Keys, grads: Rows) -> None:
+        run([self.push_steps(keys, grads)])
+
+    def pull_steps(self, keys: Keys, *, train: bool = False) -> Steps[Rows]:
+        """:meth:`pull` as steps (:mod:`.steps`): each yield waits on Redis."""
         keys = as_keys(keys)
         out = np.empty((len(keys), self.spec.dim), dtype=np.float32)
         with self._connection() as conn:
-            for part in self._chunks(len(keys)):
-                kb = _key_bytes(keys[part])
-                weights, _, present = self._read_rows(conn, kb)
-                if train and not present.all():
-                    missing = np.flatnonzero(~present)
-                    weights[missing] = self._sight(conn, keys[part][missing], kb[missing])
+            parts = list(self._chunks(len(keys)))
+            kb = _key_bytes(keys)
+            conn.send_packed_command([self._r.mget(kb[part]) for part in parts])
+            yield
+            missing = []
+            for part in parts:
+                weights, _, present = self._split(conn.read_response(disable_decoding=True))
                 out[part] = weights
+                if train and not present.all():
+                    missing.append(part.start + np.flatnonzero(~present))
+            if missing:
+                at = np.concatenate(missing)
+                out[at] = yield from self._sight_steps(conn, keys[at], kb[at])
         return out
 
-    def _sight(self, conn: AbstractConnection, keys: Keys, kb: np.ndarray) -> Rows:
+    def _sight_steps(self, conn: AbstractConnection, keys: Keys, kb: np.ndarray) -> Steps[Rows]:
         """Count sightings of missing keys, admit those at the threshold; their rows."""
         rows = np.zeros((len(keys), self.spec.dim), dtype=np.float32)
+        parts = list(self._chunks(len(keys)))
         if self._threshold > 1:
-            conn.send_packed_command([self._c.incr_pexpire(kb, self._ttl_ms)])
+            conn.send_packed_command(
+                [self._c.incr_pexpire(kb[part], self._ttl_ms) for part in parts]
+            )
+            yield
             counts = self._replies(conn, 2 * len(keys))[0::2]
             admit = np.fromiter(counts, dtype=np.int64, count=len(keys)) >= self._threshold
         else:
@@ -289,42 +311,58 @@ class RedisSparseTable:
             return rows
         new_keys, new_kb = keys[admit], kb[admit]
         weights = self._initializer(new_keys)
-        state = self.optimizer.initial_state(len(new_keys), self.spec.dim)
-        body = [self._r.set(new_kb, _value_bytes(weights, state), self._ttl_ms, nx=True)]
-        if self._threshold > 1:
-            body.append(self._c.simple(b"DEL", new_kb))
-        conn.send_packed_command(body)
-        result = self._replies(conn, len(new_keys))
-        if self._threshold > 1:
-            self._replies(conn, len(new_keys))
-        created = np.fromiter((r is not None for r in result), bool, len(new_keys))
+        values = _value_bytes(weights, self.optimizer.initial_state(len(new_keys), self.spec.dim))
+        parts = list(self._chunks(len(new_keys)))
+        for part in parts:
+            body = [self._r.set(new_kb[part], values[part], self._ttl_ms, nx=True)]
+            if self._threshold > 1:
+                body.append(self._c.simple(b"DEL", new_kb[part]))
+            conn.send_packed_command(body)
+        yield
+        created = np.empty(len(new_keys), dtype=bool)
+        for part in parts:
+            replies = self._replies(conn, part.stop - part.start)
+            created[part] = [r is not None for r in replies]
+            if self._threshold > 1:
+                self._replies(conn, part.stop - part.start)  # DEL's counts
         with self._counter_lock:
             self._admissions += int(created.sum())
         if not created.all():
             # Another trainer created these rows a moment ago: return what it stored.
             lost = np.flatnonzero(~created)
-            theirs, _, there = self._read_rows(conn, new_kb[lost])
+            conn.send_packed_command([self._r.mget(new_kb[lost])])
+            yield
+            theirs, _, there = self._split(conn.read_response(disable_decoding=True))
             weights[lost[there]] = theirs[there]
         rows[admit] = weights
         return rows
 
-    def push(self, keys: Keys, grads: Rows) -> None:
+    def push_steps(self, keys: Keys, grads: Rows) -> Steps[None]:
+        """:meth:`push` as steps (:mod:`.steps`): each yield waits on Redis."""
         keys = as_keys(keys)
         grads = as_grads(grads, len(keys), self.spec.dim)
         with self._connection() as conn:
-            for part in self._chunks(len(keys)):
-                self._push_chunk(conn, _key_bytes(keys[part]), grads[part])
-
-    def _push_chunk(self, conn: AbstractConnection, kb: np.ndarray, grads: Rows) -> None:
-        weights, state, present = self._read_rows(conn, kb)
-        if not present.all():  # not admitted or expired: the gradient is dropped
-            kb, grads = kb[present], grads[present]
-            weights, state = weights[present], state[present]
-        if not len(kb):
-            return
-        weights, state = self.optimizer.apply(weights, state, grads)
-        conn.send_packed_command([self._r.set(kb, _value_bytes(weights, state), self._ttl_ms)])
-        self._replies(conn, len(kb))
+            parts = list(self._chunks(len(keys)))
+            kb = _key_bytes(keys)
+            conn.send_packed_command([self._r.mget(kb[part]) for part in parts])
+            yield
+            written = 0
+            for part in parts:
+                weights, state, present = self._split(conn.read_response(disable_decoding=True))
+                chunk_kb, chunk_grads = kb[part], grads[part]
+                if not present.all():  # not admitted or expired: the gradient is dropped
+                    chunk_kb, chunk_grads = chunk_kb[present], chunk_grads[present]
+                    weights, state = weights[present], state[present]
+                if not len(chunk_kb):
+                    continue
+                weights, state = self.optimizer.apply(weights, state, chunk_grads)
+                conn.send_packed_command(
+                    [self._r.set(chunk_kb, _value_bytes(weights, state), self._ttl_ms)]
+                )
+                written += len(chunk_kb)
+            if written:
+                yield
+                self._replies(conn, written)
 
     def expire(self, now_s: float | None = None) -> int:
         """Nothing to do: Redis expires rows itself (``PX`` on every write)."""
