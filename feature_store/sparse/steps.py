@@ -43,6 +43,12 @@ class SteppedTable(Protocol):
     def push_steps(self, keys: Keys, grads: Rows) -> Steps[None]: ...
 
 
+def _stepped(table: object) -> bool:
+    """``isinstance(table, SteppedTable)``, without the Protocol check's cost (two
+    attribute lookups instead of several microseconds per table and batch)."""
+    return hasattr(table, "pull_steps") and hasattr(table, "push_steps")
+
+
 def _at_once(call: Callable[[], T]) -> Steps[T]:
     """A blocking call as a single step."""
     return call()
@@ -93,8 +99,8 @@ def pull_many(requests: Sequence[tuple[SparseTable, Keys]], *, train: bool) -> l
     """
     steps = [
         table.pull_steps(keys, train=train)
-        if isinstance(table, SteppedTable)
-        else _at_once(lambda table=table, keys=keys: table.pull(keys, train=train))  # type: ignore[misc]
+        if _stepped(table)
+        else _at_once(lambda t=table, k=keys: t.pull(k, train=train))  # type: ignore[misc]
         for table, keys in requests
     ]
     return run(steps)  # type: ignore[return-value]
@@ -109,7 +115,7 @@ def push_many(requests: Sequence[tuple[SparseTable, Keys, Rows]]) -> list[Except
     """
     steps = [
         table.push_steps(keys, grads)
-        if isinstance(table, SteppedTable)
+        if _stepped(table)
         else _at_once(lambda t=table, k=keys, g=grads: t.push(k, g))  # type: ignore[misc]
         for table, keys, grads in requests
     ]
