@@ -21,6 +21,8 @@ serving.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import threading
 import time
@@ -125,15 +127,27 @@ def provider_preference(preference: str) -> list[str]:
     """Providers to ask for, best first (``cuda`` still falls back to CPU).
 
     onnxruntime-gpu lists CUDA as available whenever its library is
-    installed, GPU or not; the first session tells the truth, and once CUDA
-    failed ``auto`` stops asking for it (each attempt logs a loud error).
+    installed, GPU or not. ``auto`` does not ask for it on a machine without
+    the NVIDIA driver (nothing for CUDA to use), and once a CUDA session
+    failed it stops asking (each attempt logs a loud error); ``cuda`` always
+    asks.
     """
     available = ort.get_available_providers()
     if preference == "cpu" or CUDA not in available:
         return [CPU]
-    if preference == "auto" and _cuda_usable is False:
+    if preference == "auto" and (_cuda_usable is False or not nvidia_driver_present()):
         return [CPU]
     return [CUDA, CPU]
+
+
+@functools.cache
+def nvidia_driver_present() -> bool:
+    """Whether the NVIDIA driver's CUDA library loads in this process."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
 
 
 def check_manifest(manifest: Manifest, schema: FeatureSchema, family: str) -> None:

@@ -243,3 +243,22 @@ def test_request_features_with_a_cross_of_two_video_columns_and_repeated_candida
     got = extractor.extract_request("u1", ts, EventContext(), history, videos, stats)
     assert_same_features(got, want, schema)
     assert len(got.wide_keys) <= len(want.wide_keys) + 2 * 3  # video-id crosses: 1 repeat each
+
+
+def test_provider_preference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA is asked for only where it can work (or when forced)."""
+    from app.scoring import onnx_model
+
+    cuda, cpu = "CUDAExecutionProvider", "CPUExecutionProvider"
+    monkeypatch.setattr(onnx_model.ort, "get_available_providers", lambda: [cuda, cpu])
+    monkeypatch.setattr(onnx_model, "_cuda_usable", None)
+    monkeypatch.setattr(onnx_model, "nvidia_driver_present", lambda: False)
+    assert onnx_model.provider_preference("auto") == [cpu]  # no driver: no loud CUDA error
+    assert onnx_model.provider_preference("cuda") == [cuda, cpu]
+    assert onnx_model.provider_preference("cpu") == [cpu]
+    monkeypatch.setattr(onnx_model, "nvidia_driver_present", lambda: True)
+    assert onnx_model.provider_preference("auto") == [cuda, cpu]
+    monkeypatch.setattr(onnx_model, "_cuda_usable", False)  # a CUDA session failed once
+    assert onnx_model.provider_preference("auto") == [cpu]
+    monkeypatch.setattr(onnx_model.ort, "get_available_providers", lambda: [cpu])
+    assert onnx_model.provider_preference("cuda") == [cpu]
