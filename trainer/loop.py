@@ -26,9 +26,9 @@ Delivery guarantees (see ``docs/training.md`` for the full argument):
   skipped by the restored dedupe window.
 - With Redis sparse tables, pushes are durable the moment they happen and
   cannot be rolled back. Each batch's event ids are appended to a journal
-  right after its push, dense step and activity record (with
-  ``overlap_push`` the push runs beside the other two and the line waits
-  for it); a restart adds the journal's ids to
+  right after its push, dense step and activity record (the push runs
+  beside the other two, see :mod:`trainer.step`, and the line waits for
+  it); a restart adds the journal's ids to
   the dedupe window, so redelivered events that were already pushed are
   skipped. The remaining gap is a crash between a batch's push and its
   journal line (one batch, milliseconds): that batch's rows get its
@@ -237,9 +237,10 @@ class OnlineTrainer:
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
         samples = self.joiner.observe(events, partitions, lookup.durations)
         keys = self._train_samples(samples, lookup)
+        self.trainer.advance()  # Redis applies the pushes while the activity is recorded
         if events:
             self._retry(lambda: self.resources.activity.record(events, lookup.durations))
-        self._retry(self.trainer.settle)  # overlap_push: the pushes land before the journal line
+        self._retry(self.trainer.settle)  # the pushes land before the journal line
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
                 self.positions[r.partition] = r.offset + 1

@@ -6,20 +6,26 @@ the sparse pushes happen before the dense optimizer steps, and the caller
 commits offsets only after both (see :mod:`trainer.loop`).
 
 A batch's pulls, and its pushes, run for all tables at once on this thread
-(:func:`feature_store.sparse.steps.pull_many` and ``push_many``): Redis
-tables send every table's commands before reading any reply, so the server
-works on one table while this thread decodes another. ``io_threads`` > 1
-runs them on a thread pool instead, one table per call.
+(:mod:`feature_store.sparse.steps`): Redis tables send every table's
+commands before reading any reply, so the server works on one table while
+this thread decodes another. ``io_threads`` > 1 runs them on a thread pool
+instead, one table per call.
 
-With ``overlap_push`` (durable tables, e.g. Redis) the pushes are handed to
-a background thread and the dense step runs at once; :meth:`Trainer.settle`
-waits for them. The caller settles before anything that must follow the
-pushes (its journal line, a checkpoint), and the next step settles before
-its pull, so every pull still sees every earlier push. The point is to let
-the trainer's own Python work (dense step, recording the activity, metrics)
-run while the Redis server applies the pushes on the other core. A push
-that fails is kept and only that table's push is run again by the next
-:meth:`Trainer.settle`: a table whose push succeeded is never pushed twice.
+The pushes of Redis tables are only *begun* by :meth:`Trainer.step` (their
+reads sent); the dense step runs at once, :meth:`Trainer.advance` (which
+the loop calls before recording the batch's activity) runs their next round
+(the optimizer, the writes sent), and :meth:`Trainer.settle` reads the
+last replies. All on this thread: the Redis server applies the pushes on
+the other core while this one does the dense step and the loop's
+bookkeeping, with no thread hand-off. With ``overlap_push`` the pushes run
+whole in a background thread instead. Either way the caller settles before
+anything that must follow the pushes (its journal line, a checkpoint), and
+the next step settles before its pull, so every pull still sees every
+earlier push. A push that fails after the step returned is kept and only
+that table's push is run again by the next :meth:`Trainer.settle`: a table
+whose push succeeded is never pushed twice. (A push that fails while being
+begun, before any write was sent, fails the step, as with memory tables,
+whose pushes always run whole inside the step.)
 
 Loss: the *sum* of per-sample (weighted) binary cross-entropy. Summing, not
 averaging, keeps each key's gradient proportional to how often the batch
@@ -44,7 +50,7 @@ from torch.nn import functional
 from feature_store.features.extract import BatchFeatures, FeatureExtractor
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.sparse.base import Keys, Rows, SparseTable
-from feature_store.sparse.steps import pull_many, push_many
+from feature_store.sparse.steps import Rounds, errors, pull_many, push_many, start_pushes
 from trainer.model import WideDeep
 
 T = TypeVar("T")
@@ -119,9 +125,19 @@ class Trainer:
         """The last step's pushes running in the background (overlap_push), not yet settled."""
         self._failed: list[Push] = []
         """Pushes that failed, to run again (and only them) at the next settle."""
+        self._begun: tuple[list[Push], Rounds] | None = None
+        """The last step's pushes, begun on this thread and not yet settled."""
 
     def close(self) -> None:
-        """Waits for pushes in flight (their outcome is the next settle's, if any)."""
+        """Waits for pushes in flight (their outcome is the next settle's, if any).
+
+        Pushes begun on this thread and never settled (the loop stopped on an
+        error) are abandoned: their connections are dropped, and what Redis
+        already received of them may or may not have been applied.
+        """
+        if self._begun is not None:
+            self._begun[1].close()
+            self._begun = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None  # later steps (a restarted loop) run sequentially
@@ -191,13 +207,30 @@ class Trainer:
             pushes.append((self.tables[WIDE_TABLE], batch.wide_keys, wide_grad.numpy()))
         if self.overlap_push and self._pool is not None:
             self._inflight = (pushes, self._pool.submit(self._push, pushes))
+        elif self._threaded:
+            self._raise_first(self._push(pushes))
         else:
-            for error in self._push(pushes):
-                if error is not None:
-                    raise error
+            rounds = start_pushes(pushes)
+            if rounds.done or rounds.failed:  # nothing left to wait for, or refused at once
+                self._raise_first(errors(rounds.finish()))
+            else:
+                self._begun = (pushes, rounds)
         self.optimizer.step()
         scores = torch.sigmoid(logits.detach()).double().numpy()
         return StepResult(scores, float(loss.detach()), batch.unique_key_count)
+
+    @staticmethod
+    def _raise_first(outcomes: list[Exception | None]) -> None:
+        for error in outcomes:
+            if error is not None:
+                raise error
+
+    def advance(self) -> None:
+        """Run one more round of the pushes begun by the last step, if any; never blocks
+        for long (the replies it reads were asked for a step earlier) and never raises
+        (a failed push is reported by :meth:`settle`)."""
+        if self._begun is not None:
+            self._begun[1].advance()
 
     def settle(self) -> None:
         """Wait for the last step's pushes; rerun any that failed; raise if one still fails.
@@ -207,14 +240,18 @@ class Trainer:
         calling again (the loop's retry) pushes exactly those tables.
         """
         failed: list[Push] = []
-        errors: list[Exception] = []
+        problems: list[Exception] = []
 
         def collect(pushes: list[Push], outcomes: list[Exception | None]) -> None:
             for push, outcome in zip(pushes, outcomes, strict=True):
                 if outcome is not None:
                     failed.append(push)
-                    errors.append(outcome)
+                    problems.append(outcome)
 
+        if self._begun is not None:
+            pushes, rounds = self._begun
+            self._begun = None
+            collect(pushes, errors(rounds.finish()))
         if self._inflight is not None:
             pushes, future = self._inflight
             self._inflight = None
@@ -226,9 +263,9 @@ class Trainer:
         retry, self._failed = self._failed, []
         if retry:
             collect(retry, self._push(retry))
-        if errors:
+        if problems:
             self._failed = failed
-            raise errors[0]
+            raise problems[0]
 
     @torch.no_grad()
     def score(self, batch: BatchFeatures) -> npt.NDArray[np.float64]:

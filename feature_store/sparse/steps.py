@@ -18,6 +18,11 @@ A table with ``pull_steps``/``push_steps`` (:class:`SteppedTable`, the Redis
 backend) is interleaved; any other table's plain ``pull``/``push`` runs in
 the first round. Each operation holds its own pooled connection, runs to
 its end even when another fails, and reports its own outcome.
+
+:class:`Rounds` also lets the caller do its own work between rounds: the
+trainer begins a batch's pushes (:func:`start_pushes`), runs its dense step,
+advances them one round, records the batch's activity while Redis applies
+the writes, and finishes them before its journal line.
 """
 
 from __future__ import annotations
@@ -55,32 +60,66 @@ def _at_once(call: Callable[[], T]) -> Steps[T]:
     yield  # unreachable: makes this a generator  # noqa: B901
 
 
-def run_each(steps: Sequence[Steps[object]]) -> list[object]:
-    """Advance every operation one step per round until all have ended.
+class Rounds:
+    """Operations started together, advanced one step each per round.
 
-    Returns each one's result, or the ``Exception`` it raised (the others go
-    on regardless). An operation left unfinished (a ``BaseException`` such
-    as ``KeyboardInterrupt`` stopped the rounds) is closed, which drops its
-    connection rather than leaving unread replies on it.
+    Creating it runs the first round (every stepped table sends its first
+    commands; a plain call runs whole). :meth:`advance` runs one more round
+    and returns at once, so the caller can do other work while Redis
+    executes what was sent; :meth:`finish` runs rounds until every operation
+    has ended. An operation's ``Exception`` ends that operation only and
+    becomes its result; the others go on.
     """
-    results: list[object] = [None] * len(steps)
-    active = list(range(len(steps)))
-    try:
-        while active:
-            still = []
-            for i in active:
+
+    def __init__(self, steps: Sequence[Steps[object]]) -> None:
+        self._steps = list(steps)
+        self._results: list[object] = [None] * len(self._steps)
+        self._active = list(range(len(self._steps)))
+        self.advance()
+
+    @property
+    def done(self) -> bool:
+        return not self._active
+
+    @property
+    def failed(self) -> bool:
+        """Whether an operation has already failed."""
+        return any(isinstance(r, Exception) for r in self._results)
+
+    def advance(self) -> None:
+        """One round: each unfinished operation reads what it waits for and sends what's next."""
+        still = []
+        try:
+            for i in self._active:
                 try:
-                    next(steps[i])
+                    next(self._steps[i])
                     still.append(i)
                 except StopIteration as stop:
-                    results[i] = stop.value
+                    self._results[i] = stop.value
                 except Exception as exc:  # this operation failed; the others go on
-                    results[i] = exc
-            active = still
-    finally:
-        for step in steps:
-            step.close()
-    return results
+                    self._results[i] = exc
+        except BaseException:
+            self.close()
+            raise
+        self._active = still
+
+    def finish(self) -> list[object]:
+        """Each operation's result (or its ``Exception``), in order, once all have ended."""
+        while self._active:
+            self.advance()
+        return self._results
+
+    def close(self) -> None:
+        """Abandon unfinished operations: each drops its connection (replies may be unread)."""
+        for i in self._active:
+            self._steps[i].close()
+            self._results[i] = RuntimeError("abandoned before it finished")
+        self._active = []
+
+
+def run_each(steps: Sequence[Steps[object]]) -> list[object]:
+    """Run operations interleaved to their end; each one's result or ``Exception``."""
+    return Rounds(steps).finish()
 
 
 def run(steps: Sequence[Steps[object]]) -> list[object]:
@@ -106,6 +145,24 @@ def pull_many(requests: Sequence[tuple[SparseTable, Keys]], *, train: bool) -> l
     return run(steps)  # type: ignore[return-value]
 
 
+def start_pushes(requests: Sequence[tuple[SparseTable, Keys, Rows]]) -> Rounds:
+    """``table.push(keys, grads)`` for each request, begun: every stepped table has
+    sent its reads when this returns. :func:`errors` of ``finish()`` says which failed."""
+    return Rounds(
+        [
+            table.push_steps(keys, grads)
+            if _stepped(table)
+            else _at_once(lambda t=table, k=keys, g=grads: t.push(k, g))  # type: ignore[misc]
+            for table, keys, grads in requests
+        ]
+    )
+
+
+def errors(results: list[object]) -> list[Exception | None]:
+    """Each push's error, or None where it landed."""
+    return [r if isinstance(r, Exception) else None for r in results]
+
+
 def push_many(requests: Sequence[tuple[SparseTable, Keys, Rows]]) -> list[Exception | None]:
     """``table.push(keys, grads)`` for each request, interleaved.
 
@@ -113,10 +170,4 @@ def push_many(requests: Sequence[tuple[SparseTable, Keys, Rows]]) -> list[Except
     can push again exactly the tables that failed (pushing one twice would
     apply its gradient twice).
     """
-    steps = [
-        table.push_steps(keys, grads)
-        if _stepped(table)
-        else _at_once(lambda t=table, k=keys, g=grads: t.push(k, g))  # type: ignore[misc]
-        for table, keys, grads in requests
-    ]
-    return [r if isinstance(r, Exception) else None for r in run_each(steps)]
+    return errors(start_pushes(requests).finish())

@@ -1,4 +1,5 @@
-"""Overlapped pushes (``overlap_push``): every push lands once, failures are retried alone."""
+"""Pushes that outlive the step (begun on the trainer's thread, or ``overlap_push``):
+every push lands once, failures are retried alone."""
 
 from __future__ import annotations
 
@@ -90,5 +91,63 @@ def test_a_failed_push_is_retried_alone_by_the_next_settle() -> None:
     trainer.settle()  # the loop's retry: only the failed table is pushed again
     assert {n: t.pushes for n, t in tables.items()} == once
     trainer.settle()  # nothing left: no table is pushed twice
+    assert {n: t.pushes for n, t in tables.items()} == once
+    trainer.close()
+
+
+class SteppedTable(CountingTable):
+    """A counting table whose pushes run as steps (as Redis tables' do): the write
+    happens one round after the push is begun, and may be told to fail then."""
+
+    def pull_steps(self, keys: np.ndarray, *, train: bool = False):  # type: ignore[no-untyped-def]
+        return self.pull(keys, train=train)
+        yield  # noqa: B901 - a generator that finishes in its first round
+
+    def push_steps(self, keys: np.ndarray, grads: np.ndarray):  # type: ignore[no-untyped-def]
+        yield  # "reads sent": nothing is written before the next round
+        self.push(keys, grads)
+
+
+def _stepped_setup() -> tuple[Trainer, dict[str, SteppedTable], list[FeatureRow]]:
+    trainer, tables, rows = _setup(overlap=False)
+    stepped = {name: SteppedTable(table.inner) for name, table in tables.items()}
+    trainer.tables = stepped  # type: ignore[assignment]
+    return trainer, stepped, rows
+
+
+def test_begun_pushes_land_at_settle_and_before_the_next_pull() -> None:
+    reference, reference_tables, rows = _setup(overlap=False)
+    trainer, tables, _ = _stepped_setup()
+    _step(reference, rows)
+    _step(trainer, rows)
+    assert sum(t.pushes for t in tables.values()) == 0, "step only begins the pushes"
+    trainer.advance()
+    assert {n: t.pushes for n, t in tables.items()} == {
+        n: t.pushes for n, t in reference_tables.items()
+    }
+    trainer.settle()
+    _step(reference, rows)
+    _step(trainer, rows)  # settles the first step's pushes (none left) before pulling
+    trainer.settle()
+    batch = trainer.extractor.extract(rows)
+    keys = {**batch.table_keys, "wide": batch.wide_keys}
+    for name, table in reference_tables.items():
+        assert tables[name].pushes == table.pushes
+        np.testing.assert_allclose(tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6)
+
+
+def test_a_begun_push_that_fails_is_retried_alone_by_the_next_settle() -> None:
+    reference, reference_tables, rows = _setup(overlap=False)
+    _step(reference, rows)
+    once = {n: t.pushes for n, t in reference_tables.items()}
+    trainer, tables, _ = _stepped_setup()
+    name = next(n for n, count in once.items() if count)
+    tables[name].fail = 1  # fails when its write is due, after step() returned
+    _step(trainer, rows)
+    with pytest.raises(SparseTableUnavailable):
+        trainer.settle()
+    assert {n: t.pushes for n, t in tables.items()} == {**once, name: 0}
+    trainer.settle()  # the loop's retry: only the failed table is pushed again
+    trainer.settle()
     assert {n: t.pushes for n, t in tables.items()} == once
     trainer.close()
