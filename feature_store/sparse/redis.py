@@ -250,6 +250,27 @@ class RedisSparseTable:
         """The next ``count`` replies; an error reply raises (and the connection is dropped)."""
         return read_replies(conn, count)
 
+    def _weights_into(self, reply: object, out: Rows) -> np.ndarray:
+        """Write the weights of an ``MGET`` of rows into ``out`` (zeros where missing),
+        copying each once and the state never; the present mask."""
+        values: list[object] = reply  # type: ignore[assignment]
+        present = np.fromiter(map(bool, values), dtype=bool, count=len(values))
+        joined = b"".join(filter(None, values))  # type: ignore[arg-type]
+        count = int(present.sum())
+        if len(joined) != count * self._value_bytes:
+            raise SparseTableUnavailable(
+                f"sparse table {self.spec.name!r}: a value under {self._r.prefix!r} is not "
+                f"{self._value_bytes} bytes (another writer with another dim or optimizer?)"
+            )
+        rows = np.frombuffer(joined, dtype="<f4").reshape(count, self._value_bytes // 4)
+        found = rows[:, : self.spec.dim]
+        if count == len(values):
+            out[:] = found
+        else:
+            out[:] = 0.0
+            out[present] = found
+        return present
+
     def _split(self, reply: object) -> tuple[Rows, Rows, np.ndarray]:
         """Weights ``(n, dim)``, state ``(n, state_width)`` (zeros where missing) and the
         present mask, from the reply to an ``MGET`` of rows."""
@@ -284,8 +305,7 @@ class RedisSparseTable:
             yield
             missing = []
             for part in parts:
-                weights, _, present = self._split(conn.read_response(disable_decoding=True))
-                out[part] = weights
+                present = self._weights_into(conn.read_response(disable_decoding=True), out[part])
                 if train and not present.all():
                     missing.append(part.start + np.flatnonzero(~present))
             if missing:
