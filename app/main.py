@@ -31,6 +31,7 @@ from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
 from app.service import Service, open_service
 from feature_store.errors import InvalidInput, VidrecError
+from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
 from feature_store.runtime import Resources, open_resources
 from feature_store.settings import Settings
 
@@ -58,6 +59,11 @@ def translate_validation_error(exc: RequestValidationError) -> InvalidInput:
         return InvalidInput(field, "unknown field")
     if kind == "missing":
         return InvalidInput(field, "required")
+    if (
+        kind == "string_pattern_mismatch"
+        and first.get("ctx", {}).get("pattern") == ID_CHARSET.pattern
+    ):
+        return InvalidInput(field, f"only {ID_CHARSET_TEXT} allowed")
     return InvalidInput(field, str(first.get("msg", "invalid value")))
 
 

@@ -100,6 +100,8 @@ def test_writes_need_a_key_and_admin_needs_the_admin_key(tmp_path: Any) -> None:
         (b"[1, 2]", 422, "body"),
         (b'{"user_id": "u1", "candidates": ["ok", "a\\nb"]}', 422, "candidates.1"),
         (b'{"user_id": "u1", "candidates": ["ok", ""]}', 422, "candidates.1"),
+        (b'{"user_id": "u1", "candidates": ["ok", "ok", "a b"]}', 422, "candidates.2"),
+        (b'{"user_id": "u1", "candidates": ["ok", "%s"]}' % (b"x" * 129), 422, "candidates.1"),
         (b'{"user_id": "u1", "candidates": "v1"}', 422, "candidates"),
     ],
 )
@@ -112,6 +114,14 @@ def test_bad_recommend_requests_are_4xx_naming_the_field(
     assert response.status_code == status, response.text
     assert response.json()["field"] == field
     assert response.json()["error"] == "InvalidInput"
+
+
+def test_a_bad_candidate_id_says_which_characters_are_allowed(client: TestClient) -> None:
+    body = {"user_id": "u1", "candidates": ["ok", "semi;colon"]}
+    response = client.post("/v1/recommend", json=body)
+    assert response.status_code == 422
+    assert response.json()["field"] == "candidates.1"
+    assert "letters, digits" in response.json()["message"]
 
 
 def test_body_without_json_content_type_is_422_saying_so(client: TestClient) -> None:
