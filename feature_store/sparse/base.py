@@ -11,9 +11,11 @@ snapshotted to disk), ``redis`` (binary float32 values, pipelined) and
 
 Semantics shared by every backend (the same tests run against each):
 
-- **Keys** are ``uint64`` numpy arrays. ``pull`` and ``push`` take *unique*
-  keys (the caller deduplicates, e.g. with ``np.unique``); any count works,
-  there is no fixed batch capacity.
+- **Keys** are ``uint64`` numpy arrays. ``push`` and a training ``pull``
+  take *unique* keys (the caller deduplicates, e.g. with ``np.unique``); a
+  serving ``pull(keys, train=False)`` may repeat a key and gets its row each
+  time (serving groups keys per column without merging them). Any count
+  works, there is no fixed batch capacity.
 - **Missing rows**: ``pull(keys, train=False)`` (serving) returns zeros for a
   key without a row, so an unknown id contributes nothing. ``pull(keys,
   train=True)`` counts a sighting of each missing key; once a key has been

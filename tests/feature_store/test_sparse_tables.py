@@ -229,6 +229,16 @@ def test_missing_rows_pull_zeros_for_serving_and_initializer_for_training(backen
     np.testing.assert_array_equal(other.pull(keys[::-1], train=True), first[::-1])
 
 
+def test_a_serving_pull_may_repeat_keys(backend: Backend) -> None:
+    """Serving groups keys per column without merging them, so one key can come twice."""
+    table = backend.table(TableSpec("emb", 4, "adagrad"), init_scale=0.05)
+    keys = keys_of(7, 8, 9)
+    rows = table.pull(keys, train=True)
+    repeated = keys_of(9, 7, 9, 10, 7)
+    got = table.pull(repeated)
+    np.testing.assert_array_equal(got, np.stack([rows[2], rows[0], rows[2], np.zeros(4), rows[0]]))
+
+
 def test_ftrl_rows_start_at_zero(backend: Backend) -> None:
     table = backend.table(TableSpec("wide", 1, "ftrl"))
     keys = keys_of(5, 6)
