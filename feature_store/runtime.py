@@ -196,10 +196,10 @@ def families(resources: Resources) -> Families:
 
 
 def _family_in_redis(resources: Resources, family: str) -> bool:
-    """Whether any of the family's tables has a key (SCAN, stopping at the first hit)."""
+    """Whether any of the family's tables has a row (SCAN, stopping at the first hit)."""
     import redis
 
-    from feature_store.constants import REDIS_ROOT
+    from feature_store.constants import REDIS_ROOT, SPARSE_ROWS
     from feature_store.sparse import open_table
 
     client = resources.redis_client
@@ -212,8 +212,10 @@ def _family_in_redis(resources: Resources, family: str) -> bool:
             open_table(spec, settings, redis_client=client).stats().rows > 0
             for spec in table_specs(resources.schema, settings)
         )
-    prefix = f"{REDIS_ROOT}:sp:{family}:".encode()  # family ids are [A-Za-z0-9_-]
-    return next(iter(client.scan_iter(match=prefix + b"*", count=10_000)), None) is not None
+    # Rows only (family ids are [A-Za-z0-9_-]): not admission counters, nor keys
+    # of the layout before one-key rows, which nothing reads any more.
+    match = f"{REDIS_ROOT}:sp:{family}:*:{SPARSE_ROWS}:*".encode()
+    return next(iter(client.scan_iter(match=match, count=10_000)), None) is not None
 
 
 def _has_snapshot(directory: Path) -> bool:
