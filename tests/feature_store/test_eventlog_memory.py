@@ -158,3 +158,31 @@ def test_concurrent_producers_and_members_lose_and_repeat_nothing() -> None:
         mine = [c for c in everything if c.event.user_id == user]
         numbers = [int(c.event.event_id[1:]) for c in sorted(mine, key=lambda c: c.offset)]
         assert numbers == sorted(numbers), "a user's events keep their produce order"
+
+
+def test_produced_events_are_handed_over_without_decoding_when_they_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process shortcut: same events, same dead letters, bounded memory."""
+    import feature_store.eventlog.memory as memory
+
+    monkeypatch.setattr(memory, "DECODED_WINDOW", 4)
+    config = settings(memory_partitions=1).model_copy(
+        update={"limits": Settings().limits.model_copy(update={"max_watch_ms": 60_000})}
+    )
+    good = [make_event(user_id="u1", watch_ms=1_000 * i) for i in range(10)]
+    over_limit = make_event(user_id="u1", watch_ms=90_000)  # a valid Event, refused by limits
+    with open_event_log(config, data_dir=tmp_path) as log:
+        log.produce([*good[:5], over_limit, *good[5:]])
+        with log.consumer("trainer") as consumer:
+            got = drain(consumer, 10)
+        assert [c.event for c in got] == good
+        # The newest 4 of the 11 records (the window) are the produced objects.
+        assert [c.event is e for c, e in zip(got, good, strict=True)] == [False] * 6 + [True] * 4
+        letters = log.dead_letters()
+        assert len(letters) == 1 and "watch_ms" in letters[0].reason
+    with open_event_log(config, data_dir=tmp_path) as log:  # reloaded from files: decoded
+        with log.consumer("again") as consumer:
+            again = drain(consumer, 10)
+        assert [c.event for c in again] == good
+        assert not any(c.event is e for c, e in zip(again, good, strict=True))
