@@ -342,7 +342,12 @@ def test_restart_keeps_catalog_signals_and_model(tmp_path: Any) -> None:
 
     settings = make_settings(tmp_path / "data")
     with TestClient(create_app(settings)) as first:
-        put_videos(first, [video_json(video_id=f"keep{i}") for i in range(3)])
+        # One creator each: keep1 must reach the user through trending only (with a
+        # shared creator, the creators source names it first whenever keep1 is that
+        # creator's newest upload, which the millisecond clock decides).
+        put_videos(
+            first, [video_json(video_id=f"keep{i}", creator_id=f"keep-c{i}") for i in range(3)]
+        )
         version = with_model(first)
         now = int(time.time() * 1000)
         service_of(first).signals.record([make_event(video_id="keep1", ts=now)])
