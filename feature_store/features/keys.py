@@ -70,22 +70,26 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
-def splitmix64(x: Keys) -> Keys:
-    """The splitmix64 finaliser, elementwise: a fast bijective 64-bit mix.
+def mix64(x: Keys) -> Keys:
+    """The splitmix64 finaliser, elementwise: a fast bijective 64-bit mix (a new array).
 
     Wraps modulo 2**64 as intended. numpy warns about integer overflow only
     for scalars, never for arrays, so a 0-d ``x`` is made 1-d instead of
     paying for ``np.errstate`` on every call (a serving request mixes a dozen
     small arrays).
     """
-    z = np.asarray(x, dtype=np.uint64)
-    z = (z.reshape(1) if z.ndim == 0 else z) + _GOLDEN
+    z = np.array(x, dtype=np.uint64, ndmin=1)
     z ^= z >> _S30
     z *= _MIX1
     z ^= z >> _S27
     z *= _MIX2
     z ^= z >> _S31
     return z
+
+
+def splitmix64(x: Keys) -> Keys:
+    """One splitmix64 step, elementwise: :func:`mix64` of ``x`` plus the golden gamma."""
+    return mix64(np.asarray(x, dtype=np.uint64) + _GOLDEN)
 
 
 def cross_keys(name: str, parts: Sequence[Keys]) -> Keys:

@@ -9,12 +9,13 @@ the initial value of column ``j`` of key ``k`` in a table is computed, not
 drawn::
 
     seed   = first 8 bytes of blake2b(table name)            (uint64)
-    base   = splitmix64(k xor seed)
-    bits_j = splitmix64(base + (j + 1) * 0x9E3779B97F4A7C15)
+    base   = mix64(k xor seed)
+    bits_j = mix64(base + (j + 1) * 0x9E3779B97F4A7C15)
     u_j    = (bits_j >> 40) / 2**24                          in [0, 1), exact in float32
     row_j  = (2 * u_j - 1) * init_scale                      in [-init_scale, init_scale)
 
-splitmix64 (Steele et al. 2014, the seeding generator of xoshiro) is a
+``mix64`` (:func:`feature_store.features.keys.mix64`), the finaliser of
+splitmix64 (Steele et al. 2014, the seeding generator of xoshiro), is a
 bijective 64-bit mixer with good avalanche, cheap to vectorize in numpy
 (uint64 arithmetic wraps modulo 2**64). Column ``j`` does not depend on
 ``dim``, so a row of a wider table starts with the row of a narrower one.
@@ -29,14 +30,10 @@ import hashlib
 
 import numpy as np
 
+from feature_store.features.keys import mix64
 from feature_store.sparse.base import Keys, Rows
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_MUL1 = np.uint64(0xBF58476D1CE4E5B9)
-_MUL2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S40 = np.uint64(40)
 
 
@@ -45,23 +42,12 @@ def table_seed(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big")
 
 
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer applied elementwise to a uint64 array (wrapping)."""
-    z = np.asarray(x, dtype=np.uint64).copy()
-    z ^= z >> _S30
-    z *= _MUL1
-    z ^= z >> _S27
-    z *= _MUL2
-    z ^= z >> _S31
-    return z
-
-
 def uniform_rows(keys: Keys, seed: int, dim: int, scale: float) -> Rows:
     """Rows ``(len(keys), dim)`` float32, uniform in ``[-scale, scale)``, fixed by key and seed."""
     keys = np.asarray(keys, dtype=np.uint64)
-    base = splitmix64(keys ^ np.uint64(seed))
+    base = mix64(keys ^ np.uint64(seed))
     counters = (np.arange(1, dim + 1, dtype=np.uint64) * _GAMMA)[None, :]
-    bits = splitmix64(base[:, None] + counters)
+    bits = mix64(base[:, None] + counters)
     unit = (bits >> _S40).astype(np.float32) * np.float32(2.0**-24)
     return ((unit * np.float32(2.0) - np.float32(1.0)) * np.float32(scale)).astype(np.float32)
 
