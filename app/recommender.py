@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import redis
 
-from app.cache import CachedReads
 from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
 from app.metrics import Metrics
@@ -67,9 +66,7 @@ class PopularList:
     def refresh(self) -> None:
         now_ms = int(time.time() * 1000)
         proposed = self.retriever.retrieve((), now_ms, personal=False)
-        ids = [video for video, _ in proposed]
-        sources = [source for _, source in proposed]
-        self.items = self.retriever.resolve(ids, sources, CandidateFilter(), self.size).candidates()
+        self.items = self.retriever.resolve(proposed, CandidateFilter(), self.size)
         self.refreshed_at = time.monotonic()
 
     def maybe_refresh(self) -> None:
@@ -88,7 +85,6 @@ class Recommender:
     def __init__(
         self,
         activity: ActivityStore,
-        reads: CachedReads,
         retriever: Retriever,
         scorer: Scorer,
         holder: ModelHolder,
@@ -101,7 +97,6 @@ class Recommender:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
         self.activity = activity
-        self.reads = reads
         self.retriever = retriever
         self.scorer = scorer
         self.holder = holder

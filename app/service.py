@@ -110,7 +110,6 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     popular = PopularList(retriever, api.max_candidates, api.fallback_refresh_s)
     recommender = Recommender(
         resources.activity,
-        reads,
         retriever,
         scorer,
         holder,

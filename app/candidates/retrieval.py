@@ -2,19 +2,18 @@
 
 Sources are interleaved round-robin (covisit, creators, trending, fresh), so
 the cap takes the best of each rather than all of the first; a video found
-by several sources keeps the first source's name. Filtering needs the
-catalog records anyway (they feed the features), so it costs one
-``get_many`` for the whole union: unknown and hidden videos, the user's
-already-seen videos and the request's filters (categories, longest duration)
-are dropped there.
+by several sources keeps the first source's name. A recommend request
+filters its candidates in the scorer's per-video rows
+(:meth:`app.scoring.video_table.VideoTable.passing`: unknown and hidden
+videos, the user's already-seen videos, the request's categories and longest
+duration); :meth:`Retriever.resolve` applies the same :class:`CandidateFilter`
+to catalog records, for the degraded mode's popular list.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter, is_not
 from typing import NamedTuple
 
 from app.candidates import sources
@@ -25,24 +24,10 @@ from feature_store.signals.base import CandidateSignals, interleave
 
 
 class Candidate(NamedTuple):
-    """A video to score and the source that proposed it."""
+    """A video to score and the source that proposed it (a tuple: 500 per request)."""
 
     video: Video
     source: str
-
-
-class Resolved(NamedTuple):
-    """Candidates that passed the filter, as parallel lists (no object per item)."""
-
-    video_ids: list[str]
-    videos: list[Video]
-    sources: list[str]
-
-    def candidates(self) -> list[Candidate]:
-        return list(map(Candidate, self.videos, self.sources))
-
-
-_hidden = attrgetter("hidden")
 
 
 @dataclass(frozen=True)
@@ -106,41 +91,18 @@ class Retriever:
         return out
 
     def resolve(
-        self,
-        video_ids: Sequence[str],
-        sources: Sequence[str],
-        keep: CandidateFilter,
-        cap: int,
-    ) -> Resolved:
-        """Catalog records of the proposed ids (each from ``sources[i]``) that pass ``keep``.
-
-        At most ``cap``, in the order proposed. Per-item work is kept to
-        C-level passes where it can be (``map`` over ``attrgetter``): a request
-        resolves 500 ids, and a Python-level loop costs ~0.2 ms.
-        """
-        videos = self.videos(video_ids)
+        self, proposed: Sequence[tuple[str, str]], keep: CandidateFilter, cap: int
+    ) -> list[Candidate]:
+        """Catalog records of the proposed ids that pass ``keep``, at most ``cap``."""
+        videos = self.videos([video_id for video_id, _ in proposed])
         seen, categories, longest = keep.seen, keep.categories, keep.max_duration_ms
-        if (
-            not seen
-            and categories is None
-            and longest is None
-            and all(map(is_not, videos, repeat(None)))
-            and not any(map(_hidden, videos))
-        ):  # the usual request: every id known and shown, no filters
-            return Resolved(
-                list(video_ids[:cap]), videos[:cap], list(sources[:cap])  # type: ignore[arg-type]
-            )
-        kept = [
-            i
-            for i, video in enumerate(videos)
+        out = [
+            Candidate(video, source)
+            for (_, source), video in zip(proposed, videos, strict=True)
             if video is not None
             and not video.hidden
             and video.video_id not in seen
             and (categories is None or video.category in categories)
             and (longest is None or video.duration_ms <= longest)
-        ][:cap]
-        return Resolved(
-            [video_ids[i] for i in kept],
-            [videos[i] for i in kept],  # type: ignore[misc]
-            [sources[i] for i in kept],
-        )
+        ]
+        return out[:cap]
