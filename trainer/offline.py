@@ -33,10 +33,10 @@ import torch
 from feature_store.component import OfflineResult, ScoredSamples
 from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
+from feature_store.quality import roc_auc
 from feature_store.runtime import Resources
 from trainer.labels import Joiner, LabelPolicy, Sample
 from trainer.loop import OnlineTrainer
-from trainer.metrics import roc_auc
 from trainer.model import WideDeep
 from trainer.samples import Lookup, build_rows
 from trainer.step import Trainer

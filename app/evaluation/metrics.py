@@ -1,7 +1,6 @@
 """Quality figures computed on aligned arrays of scores and labels.
 
-AUC is the rank statistic (Mann-Whitney U, ties counted half), the same as the
-trainer's prequential AUC; logloss clips probabilities to [1e-7, 1 - 1e-7].
+AUC and logloss are :mod:`feature_store.quality`'s, the trainer's own.
 Ranking figures take one held-back relevant item per query, so recall@k is
 the hit rate and NDCG@k is ``1 / log2(rank + 1)`` when the item ranks within k.
 """
@@ -13,32 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from feature_store.quality import roc_auc
+
 Floats = npt.NDArray[np.float64]
-
-
-def auc(scores: Floats, labels: Floats) -> float:
-    """ROC AUC by ranks; NaN when one class is absent."""
-    positives = labels > 0.5
-    n_pos = int(positives.sum())
-    n_neg = len(labels) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(scores)]])
-    ranks = np.empty(len(scores), dtype=np.float64)
-    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
-    u = ranks[positives].sum() - n_pos * (n_pos + 1) / 2.0
-    return float(u / (n_pos * n_neg))
-
-
-def logloss(scores: Floats, labels: Floats) -> float:
-    if len(scores) == 0:
-        return float("nan")
-    p = np.clip(scores, 1e-7, 1 - 1e-7)
-    return float(-(labels * np.log(p) + (1 - labels) * np.log1p(-p)).mean())
 
 
 def windows(n: int, count: int) -> list[tuple[int, int]]:
@@ -50,7 +26,7 @@ def windows(n: int, count: int) -> list[tuple[int, int]]:
 def windowed_auc(
     scores: Floats, labels: Floats, slices: Sequence[tuple[int, int]]
 ) -> list[float]:
-    return [auc(scores[a:b], labels[a:b]) for a, b in slices]
+    return [roc_auc(scores[a:b], labels[a:b]) for a, b in slices]
 
 
 def rank_of(item: str, ranked: Sequence[str]) -> int | None:

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 
 from app.evaluation import baselines
-from app.evaluation.metrics import auc, logloss, rank_of, recall_ndcg, windowed_auc, windows
+from app.evaluation.metrics import rank_of, recall_ndcg, windowed_auc, windows
 from app.evaluation.progress import Progress
 from app.evaluation.stream import (
     Format,
@@ -63,6 +63,7 @@ from feature_store.component import (
 )
 from feature_store.errors import ConfigurationError
 from feature_store.events import Event, EventContext, EventType
+from feature_store.quality import log_loss, roc_auc
 from feature_store.runtime import Resources, open_resources
 from feature_store.settings import Settings
 
@@ -346,12 +347,12 @@ def _figures(
     recall, ndcg = recall_ndcg(ranks, k) if ranks is not None else (math.nan, math.nan)
     fit = np.setdiff1d(np.arange(len(labels)), test_idx)
     return ModelFigures(
-        auc_fit=auc(scores[fit], labels[fit]),
+        auc_fit=roc_auc(scores[fit], labels[fit]),
         name=name,
-        auc_test=auc(scores[test_idx], labels[test_idx]),
-        logloss_test=logloss(scores[test_idx], labels[test_idx]),
-        auc_all=auc(scores, labels),
-        logloss_all=logloss(scores, labels),
+        auc_test=roc_auc(scores[test_idx], labels[test_idx]),
+        logloss_test=log_loss(scores[test_idx], labels[test_idx]),
+        auc_all=roc_auc(scores, labels),
+        logloss_all=log_loss(scores, labels),
         recall=recall,
         ndcg=ndcg,
         window_auc=windowed_auc(scores, labels, slices),
@@ -429,10 +430,10 @@ def _result(
     labels = weighted.labels
     models.append(ModelFigures(
         name=f"offline Wide&Deep (epoch {offline.best_epoch})",
-        auc_test=auc(off_scores[test_idx], labels[test_idx]),
-        logloss_test=logloss(off_scores[test_idx], labels[test_idx]),
+        auc_test=roc_auc(off_scores[test_idx], labels[test_idx]),
+        logloss_test=log_loss(off_scores[test_idx], labels[test_idx]),
         window_auc=[
-            auc(off_scores[a:b], labels[a:b]) if not np.isnan(off_scores[a:b]).any() else math.nan
+            math.nan if np.isnan(off_scores[a:b]).any() else roc_auc(off_scores[a:b], labels[a:b])
             for a, b in slices
         ],
     ))

@@ -16,12 +16,13 @@ import pytest
 from app.cli import main
 from app.evaluation import EvalConfig, evaluate
 from app.evaluation.baselines import Popularity, prequential
-from app.evaluation.metrics import auc, recall_ndcg, windows
+from app.evaluation.metrics import recall_ndcg, windows
 from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
 from app.evaluation.stream import load_stream, split_samples
 from feature_store.component import ScoredSamples
 from feature_store.errors import ConfigurationError, InvalidInput
+from feature_store.quality import roc_auc as auc
 from tests.factories import write_movielens
 
 MIN_TS = 946_684_800_000

@@ -14,10 +14,10 @@ from feature_store.component import (
     load_component,
 )
 from feature_store.datasets import movielens_events
+from feature_store.quality import roc_auc
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
 from tests.factories import write_movielens
-from trainer.metrics import roc_auc
 from trainer.offline import OnlineReplay, build_samples, train_offline
 
 MIN_TS = 946_684_800_000
