@@ -95,14 +95,9 @@ class Retriever:
     ) -> list[Candidate]:
         """Catalog records of the proposed ids that pass ``keep``, at most ``cap``."""
         videos = self.videos([video_id for video_id, _ in proposed])
-        seen, categories, longest = keep.seen, keep.categories, keep.max_duration_ms
         out = [
             Candidate(video, source)
             for (_, source), video in zip(proposed, videos, strict=True)
-            if video is not None
-            and not video.hidden
-            and video.video_id not in seen
-            and (categories is None or video.category in categories)
-            and (longest is None or video.duration_ms <= longest)
+            if video is not None and keep.keeps(video)
         ]
         return out[:cap]
