@@ -12,6 +12,8 @@
    client with the requests encoded beforehand, see ``_client``): first one at
    a time (latency: p50, p99), then from 2 client processes (requests/s).
    A retrieval run (no candidates: the sources pick up to 500) follows.
+   Last, the HTTP floor: the same client's round trip for a 404 (an unknown
+   path, answered by the router without any recommend work).
 4. Measures the floor in this process on the same data: the same sparse pulls
    and ONNX run for the same requests, without HTTP, JSON or candidate work,
    the whole in-process recommend for reference, and each recommend stage's
@@ -178,21 +180,32 @@ class Server:
         self.process.wait(timeout=60)
 
 
-def _client(args: tuple[int, list[bytes], int, int]) -> tuple[list[float], int, float, float]:
+def encode_recommend(bodies: list[bytes]) -> list[bytes]:
+    """``POST /v1/recommend`` requests with these JSON bodies, as bytes on the wire."""
+    return [
+        b"POST /v1/recommend HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        for body in bodies
+    ]
+
+
+RECOMMENDED = (b"200", b'"items":[{')
+"""What a successful recommend answer has: its status, and a part of its body."""
+
+
+def _client(
+    args: tuple[int, list[bytes], int, int, tuple[bytes, bytes]],
+) -> tuple[list[float], int, float, float]:
     """One keep-alive connection sending ``count`` requests; latencies (ms), errors, span.
 
     A raw socket with the requests encoded beforehand, reading only the status
     line, the headers and ``Content-Length`` bytes of body: what a load
     generator in C does, so the latency is the server's and the loopback's.
     (``http.client`` adds about 0.1 ms of its own per request: header
-    objects, ``email.parser``.)
+    objects, ``email.parser``.) An answer without the ``expect``\ ed status
+    and body part counts as an error.
     """
-    port, bodies, offset, count = args
-    requests = [
-        b"POST /v1/recommend HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        for body in bodies
-    ]
+    port, requests, offset, count, (want_status, want_body) = args
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     reader = sock.makefile("rb")
@@ -210,11 +223,18 @@ def _client(args: tuple[int, list[bytes], int, int]) -> tuple[list[float], int, 
                 length = int(line[15:])
         data = reader.read(length)
         latencies.append((time.perf_counter() - t0) * 1000)
-        if status.split(b" ", 2)[1:2] != [b"200"] or b'"items":[{' not in data:
+        if status.split(b" ", 2)[1:2] != [want_status] or want_body not in data:
             errors += 1
     reader.close()
     sock.close()
     return latencies, errors, started, time.perf_counter()
+
+
+def http_round_trip(port: int, count: int) -> dict[str, Any]:
+    """The HTTP floor: ``GET`` of an unknown path (a 404 from the router), same client."""
+    request = [b"GET /no-such-path HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"]
+    latencies, errors, _, _ = _client((port, request, 0, count, (b"404", b"")))
+    return summary(latencies) | {"requests": count, "errors": errors}
 
 
 def run_load(port: int, bodies: list[bytes], total: int, clients: int) -> dict[str, Any]:
@@ -224,7 +244,8 @@ def run_load(port: int, bodies: list[bytes], total: int, clients: int) -> dict[s
     GIL and would measure itself.
     """
     share = total // clients
-    jobs = [(port, bodies, k * share, share) for k in range(clients)]
+    requests = encode_recommend(bodies)
+    jobs = [(port, requests, k * share, share, RECOMMENDED) for k in range(clients)]
     if clients == 1:
         results = [_client(jobs[0])]
     else:
@@ -401,6 +422,8 @@ def main() -> int:
         results["http_given_candidates_2_clients"] = measured(given, 2)
         run_load(port, retrieval, 200, 1)
         results["http_retrieval_sequential"] = measured(retrieval, 1)
+        http_round_trip(port, 200)  # warm
+        results["http_round_trip_404"] = http_round_trip(port, args.requests)
     finally:
         server.stop()
     results["floor"] = floor(settings, requests, args.requests)
