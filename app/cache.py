@@ -4,9 +4,13 @@ With Redis stores and tables a 500-candidate request reads 500 catalog
 records (JSON to decode and validate), 500 counter hashes and ~3,000 sparse
 rows: most of its time. The same hot videos and feature rows recur across
 requests, so each serving process keeps what it read for ``ttl_ms``
-(``api.hot_row_cache_ttl_ms``) and asks Redis only for the rest.
+(``api.hot_row_cache_ttl_ms``) and asks Redis only for the rest. Sparse rows
+and the candidate sources' catalog reads are cached here; the scorer's
+per-video rows (:mod:`app.scoring.video_table`) keep catalog fields and
+counters under the same bounds (:attr:`CachedReads.catalog_ttl_s`,
+:attr:`CachedReads.stats_ttl_s`).
 
-Freshness: a sparse row or a counter served from here is at most ``ttl_ms``
+Freshness: a sparse row or a counter served is at most ``ttl_ms``
 older than Redis, so with the default 500 ms the event-to-served-row time
 stays far inside its 2 s goal (see docs/benchmarks.md). Catalog records
 change rarely and cost the most to read (one JSON document to decode and
@@ -32,7 +36,6 @@ from typing import Generic, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.activity.base import ActivityStore, VideoStats
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.changelog import ChangeLog
 from feature_store.sparse.base import SparseTable
@@ -127,18 +130,16 @@ class RowCache:
 
 
 class CachedReads:
-    """The serving path's reads of the catalog, the counters and the sparse rows."""
+    """The serving path's cached reads of catalog records (candidate sources) and sparse rows."""
 
     def __init__(
         self,
         catalog: CatalogStore,
-        activity: ActivityStore,
         tables: Mapping[str, SparseTable],
         ttl_ms: int,
         enabled: bool,
     ) -> None:
         self.catalog = catalog
-        self.activity = activity
         self.tables = tables
         self.enabled = enabled and ttl_ms > 0
         ttl_s = ttl_ms / 1000
@@ -147,7 +148,6 @@ class CachedReads:
         self.stats_ttl_s = ttl_s if self.enabled else 0.0
         """How long counters and sparse rows read are reused (0: not cached)."""
         self._videos: TtlCache[str, Video | None] = TtlCache(max(ttl_s, CATALOG_TTL_S))
-        self._stats: TtlCache[str, VideoStats] = TtlCache(ttl_s)
         self._ttl_s = ttl_s
         self._rows = {name: RowCache(table, ttl_s) for name, table in tables.items()}
         self.forgotten = ChangeLog()
@@ -158,11 +158,6 @@ class CachedReads:
         if not self.enabled:
             return self.catalog.get_many(video_ids)
         return self._videos.get_many(video_ids, self.catalog.get_many)
-
-    def stats(self, video_ids: Sequence[str]) -> list[VideoStats]:
-        if not self.enabled:
-            return self.activity.video_stats(video_ids)
-        return self._stats.get_many(video_ids, self.activity.video_stats)
 
     def pull(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         if not self.enabled:

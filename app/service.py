@@ -62,7 +62,6 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     signals = attach_signals(resources)
     reads = CachedReads(
         resources.catalog,
-        resources.activity,
         resources.tables,
         api.hot_row_cache_ttl_ms,
         enabled=settings.stores.backend == "redis" or settings.sparse.backend == "redis",
