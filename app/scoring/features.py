@@ -23,14 +23,18 @@ latency budget. A recommendation request has structure it can exploit:
   deduplicated at all (candidates are distinct; a history video that is
   also a candidate is pulled twice, the same row).
 
+Which column is computed where comes from its source's declaration
+(:mod:`feature_store.features.sources`: ``per_request``, ``per_video``), not
+from lists kept here; the schema refuses, at start, a source that is neither
+(see the declarations' rules), so there is no slow per-row path to fall into.
+
 The result means what the generic extractor's
 :class:`~feature_store.features.BatchFeatures` for the equivalent
 :class:`FeatureRow` list means: for every column and row, the key its index
-points at is the same key (tests check this), so training and serving cannot
-drift. Only the order of a table's keys differs (the trainer's are sorted and
-unique; these are grouped by column), which the model never sees: it gathers
-rows by index. Columns whose source this module does not know fall back to
-the generic path.
+points at is the same key (tests check this for every declared source and
+random schemas), so training and serving cannot drift. Only the order of a
+table's keys differs (the trainer's are sorted and unique; these are grouped
+by column), which the model never sees: it gathers rows by index.
 """
 
 from __future__ import annotations
@@ -41,52 +45,17 @@ import numpy as np
 import numpy.typing as npt
 
 from app.scoring.video_table import VideoTable
-from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
+from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
-from feature_store.features.columns import (
-    CATEGORICAL_SOURCES,
-    MULTI_SOURCES,
-    Categorical,
-    FeatureRow,
-    MultiValued,
-)
-from feature_store.features.dense import (
-    DENSE_SOURCES,
-    DenseInputs,
-    dense_matrix,
-)
-from feature_store.features.extract import BatchFeatures, FeatureExtractor, Indices
-from feature_store.features.keys import Keys, feature_key, splitmix64
+from feature_store.features.batch import BatchFeatures, Indices
+from feature_store.features.columns import Categorical, FeatureRow, MultiValued
+from feature_store.features.dense import DenseInputs, dense_matrix
+from feature_store.features.extract import FeatureExtractor
+from feature_store.features.keys import Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
+from feature_store.features.sources import SOURCES, dense_fields, video_fields
 
-REQUEST_CATEGORICAL = {
-    "user_id",
-    "device",
-    "os",
-    "country",
-    "surface",
-    "hour_of_day",
-    "position_bucket",
-    "age_group",
-    "gender",
-    "occupation",
-}
-"""Categorical sources that depend only on the user, the context and the clock."""
-VIDEO_CATEGORICAL = {"video_id", "creator_id", "category", "duration_bucket"}
-"""Categorical sources that depend only on the catalog record."""
-VIDEO_DENSE = {
-    "duration_log_s",
-    "log_engagements",
-    "log_impressions",
-    "finish_rate",
-    "like_rate",
-    "skip_rate",
-}
-"""Dense sources that depend only on the catalog record and the video's counters."""
-REQUEST_MULTI = {"history_videos"}
-VIDEO_MULTI = {"tags"}
-_MASK64 = (1 << 64) - 1
 _CONSTANT_KEYS_MAX = 100_000
 
 
@@ -119,33 +88,31 @@ class RequestFeatureExtractor(FeatureExtractor):
 
     def __init__(self, schema: FeatureSchema) -> None:
         super().__init__(schema)
-        self.vectorised = (
-            all(c.source in REQUEST_CATEGORICAL | VIDEO_CATEGORICAL for c in schema.categorical)
-            and all(c.source in REQUEST_MULTI | VIDEO_MULTI for c in schema.multi_valued)
-            and all(c.source in DENSE_SOURCES for c in schema.dense)
-        )
-        self._video_columns = [c for c in schema.categorical if c.source in VIDEO_CATEGORICAL]
-        self._video_multi = [c for c in schema.multi_valued if c.source in VIDEO_MULTI]
+        self._video_columns = [c for c in schema.categorical if SOURCES[c.source].per_video]
+        self._request_columns = [c for c in schema.categorical if SOURCES[c.source].per_request]
+        self._video_multi = [c for c in schema.multi_valued if SOURCES[c.source].per_video]
         self._by_table: dict[str, list[Categorical | MultiValued]] = {}
         for col in schema.embedded:
             self._by_table.setdefault(col.table_name(), []).append(col)
-        self._cross_seeds = [
-            (cross, np.full(1, feature_key("cross", cross.name) & _MASK64, dtype=np.uint64))
-            for cross in schema.crossed
+        self._video_dense = [
+            j for j, c in enumerate(schema.dense) if SOURCES[c.source].per_video
         ]
-        self._video_dense = [j for j, c in enumerate(schema.dense) if c.source in VIDEO_DENSE]
-        """Positions of the dense columns cached per video (see :class:`_VideoTable`)."""
+        """Positions of the dense columns cached per video (see :class:`VideoTable`)."""
         self._request_dense = [
-            (j, DENSE_SOURCES[c.source])
+            (j, SOURCES[c.source].compute)
             for j, c in enumerate(schema.dense)
-            if c.source not in VIDEO_DENSE
+            if not SOURCES[c.source].per_video
         ]
+        self._numbers = dense_fields(schema)
+        """Numeric catalog fields dense sources read: the columns of ``table.numbers``."""
         self.table = VideoTable(
             [c.source != "video_id" for c in self._video_columns],
             {c.name: c.max_len for c in self._video_multi},
             len(self._video_dense),
             self._describe,
             self._derive,
+            number_fields=self._numbers,
+            feature_fields=video_fields(schema),
         )
         """This extractor's per-video rows (:mod:`app.scoring.video_table`)."""
         self._constant_keys: dict[tuple[str, str], Keys] = {}
@@ -161,12 +128,6 @@ class RequestFeatureExtractor(FeatureExtractor):
         stats: Sequence[VideoStats],
     ) -> BatchFeatures:
         """Features of ``user_id`` against each of ``videos`` (with their ``stats``)."""
-        if not self.vectorised:
-            rows = [
-                FeatureRow(user_id, v.video_id, ts_ms, v, context, tuple(history), s)
-                for v, s in zip(videos, stats, strict=True)
-            ]
-            return self.extract(rows)
         idx = self.table.rows_of(videos)
         self.table.set_stats(idx, stats)
         return self.extract_rows(user_id, ts_ms, context, history, idx)
@@ -185,21 +146,6 @@ class RequestFeatureExtractor(FeatureExtractor):
         :meth:`VideoTable.lookup` for how they are kept fresh).
         """
         table = self.table
-        if not self.vectorised:
-            at = idx.tolist()
-            rows = [
-                FeatureRow(
-                    user_id,
-                    table.videos[r].video_id,
-                    ts_ms,
-                    table.videos[r],
-                    context,
-                    tuple(history),
-                    table.stats_of[r] or NO_STATS,
-                )
-                for r in at
-            ]
-            return self.extract(rows)
         batch = len(idx)
         template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
         varying: dict[str, tuple[Keys, Indices]] = {}
@@ -218,19 +164,11 @@ class RequestFeatureExtractor(FeatureExtractor):
                 varying[col.name] = (keys[:, j], np.arange(batch, dtype=np.int64))
             else:
                 varying[col.name] = coder.distinct(codes[:, j])
-        for col in self.schema.categorical:
-            if col.source in REQUEST_CATEGORICAL:
-                value = CATEGORICAL_SOURCES[col.source](template)
-                key = self._constant_keys.get((col.name, value))
-                if key is None:
-                    if len(self._constant_keys) >= _CONSTANT_KEYS_MAX:
-                        self._constant_keys.clear()
-                    key = self._hasher(col.space()).hash_many([value])
-                    self._constant_keys[col.name, value] = key
-                constant[col.name] = key
+        for col in self._request_columns:
+            constant[col.name] = self.constant_key(col, template)
         for multi in self.schema.multi_valued:
-            if multi.source in REQUEST_MULTI:
-                values = MULTI_SOURCES[multi.source](template)[: multi.max_len]
+            if SOURCES[multi.source].per_request:
+                values = SOURCES[multi.source].compute(template)[: multi.max_len]
                 shared[multi.name] = self._hasher(multi.space()).hash_many(values)
             else:
                 counts = table.multi_len[multi.name][idx]
@@ -243,6 +181,17 @@ class RequestFeatureExtractor(FeatureExtractor):
         wide_keys, wide_indices = self._index_request_wide(batch, varying, constant)
         dense = self._dense(ts_ms, history, idx)
         return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
+
+    def constant_key(self, col: Categorical, template: FeatureRow) -> Keys:
+        """The one-key array of per-request column ``col`` for the request in ``template``."""
+        value = SOURCES[col.source].compute(template)
+        key = self._constant_keys.get((col.name, value))
+        if key is None:
+            if len(self._constant_keys) >= _CONSTANT_KEYS_MAX:
+                self._constant_keys.clear()
+            key = self._hasher(col.space()).hash_many([value])
+            self._constant_keys[col.name, value] = key
+        return key
 
     def _index_request_tables(
         self,
@@ -313,27 +262,23 @@ class RequestFeatureExtractor(FeatureExtractor):
                 else:
                     blocks.append(varying[col.name][0])
                     positions.append(varying[col.name][1])
-        for cross, seed in self._cross_seeds:
-            by_video = {name for name in cross.columns if name not in constant}
+        for cross in self.schema.crossed:
+            by_video = [name for name in cross.columns if name not in constant]
             if len(by_video) > 1:  # per row, then sorted
-                acc = seed
-                for name in cross.columns:
-                    part = constant.get(name)
-                    if part is None:
-                        distinct, at = varying[name]
-                        part = distinct[at]
-                    acc = splitmix64(acc ^ part)
-                unique, (at,) = unique_inverse([acc])
+                parts = [
+                    constant[name] if name in constant else varying[name][0][varying[name][1]]
+                    for name in cross.columns
+                ]
+                unique, (at,) = unique_inverse([cross_keys(cross.name, parts)])
                 blocks.append(unique)
                 positions.append(at)
                 continue
-            # cross_keys' mix over the one video column's distinct keys (or one key).
-            distinct, at = varying[by_video.pop()] if by_video else (None, None)
-            acc = seed
-            for name in cross.columns:
-                acc = splitmix64(acc ^ (constant[name] if name in constant else distinct))
-            blocks.append(acc)
-            positions.append(at)
+            # Over the one video column's distinct keys (or one key): the user and
+            # context parts, one key each, broadcast.
+            distinct, video_at = varying[by_video[0]] if by_video else (None, None)
+            parts = [constant[name] if name in constant else distinct for name in cross.columns]
+            blocks.append(cross_keys(cross.name, parts))  # type: ignore[arg-type]
+            positions.append(video_at)
         if not blocks:
             return np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
         indices = np.empty((batch, len(blocks)), dtype=np.int64)
@@ -350,11 +295,13 @@ class RequestFeatureExtractor(FeatureExtractor):
         """A video's keys for the table's video columns (see :class:`VideoTable`)."""
         row = FeatureRow("", video.video_id, 0, video)
         categorical = [
-            int(self._hasher(c.space()).hash_many([CATEGORICAL_SOURCES[c.source](row)])[0])
+            int(self._hasher(c.space()).hash_many([SOURCES[c.source].compute(row)])[0])
             for c in self._video_columns
         ]
         multi = {
-            c.name: self._hasher(c.space()).hash_many(MULTI_SOURCES[c.source](row)[: c.max_len])
+            c.name: self._hasher(c.space()).hash_many(
+                SOURCES[c.source].compute(row)[: c.max_len]
+            )
             for c in self._video_multi
         }
         return categorical, multi
@@ -362,12 +309,11 @@ class RequestFeatureExtractor(FeatureExtractor):
     def _derive(
         self, numbers: npt.NDArray[np.float64], stats: npt.NDArray[np.float64]
     ) -> npt.NDArray[np.float32]:
-        """The dense columns cached per video, from ``(uploaded_at, duration_ms)`` and counters."""
+        """The dense columns cached per video, from their numeric fields and counters."""
         n = len(numbers)
         inputs = DenseInputs(
-            ts_ms=np.zeros(n),  # unused by VIDEO_DENSE sources
-            uploaded_at=numbers[:, 0],
-            duration_ms=numbers[:, 1],
+            ts_ms=np.zeros(n),  # read only by sources that are not cached per video
+            fields={name: numbers[:, j] for j, name in enumerate(self._numbers)},
             stats=stats,
             history_len=np.zeros(n),
         )
@@ -381,8 +327,7 @@ class RequestFeatureExtractor(FeatureExtractor):
         numbers = table.numbers[idx]
         inputs = DenseInputs(
             ts_ms=np.full(batch, float(ts_ms)),
-            uploaded_at=numbers[:, 0],
-            duration_ms=numbers[:, 1],
+            fields={name: numbers[:, j] for j, name in enumerate(self._numbers)},
             stats=table.stats[idx],
             history_len=np.full(batch, float(len(history))),
         )

@@ -21,9 +21,10 @@ Freshness. A row's catalog fields and its counters each have a deadline
   ``api.hot_row_cache_ttl_ms``: the same staleness bounds as the service's
   read cache (:mod:`app.cache`).
 
-A changed record whose feature fields (creator, category, tags, duration,
-upload time) differ gets a fresh row; the old one is left unreferenced until
-the table is emptied at :data:`CACHE_MAX` rows. One table per thread (the
+A changed record whose feature fields (those the schema's sources declare,
+plus the filters' category and duration) differ gets a fresh row; the old
+one is left unreferenced until the table is emptied at :data:`CACHE_MAX`
+rows. One table per thread (the
 :class:`~app.scoring.features.RequestFeatureExtractor` that owns it).
 """
 
@@ -52,13 +53,15 @@ CACHE_MAX = 200_000
 """Rows before the table is emptied (a crude bound on memory: ~100 MB)."""
 
 _video_id = attrgetter("video_id")
-_fingerprint = attrgetter("creator_id", "category", "tags", "duration_ms", "uploaded_at")
-"""The catalog fields video-level features read (besides the id, the row's key)."""
+
+FILTER_FIELDS = ("category", "duration_ms")
+"""Catalog fields a request's filters read from the rows (``hidden`` is refreshed always)."""
 
 Describe = Callable[[Video], tuple[list[int], dict[str, Keys]]]
 """A video's categorical keys (one per video column) and multi-valued keys (per column)."""
 Derive = Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64]], npt.NDArray[np.float32]]
-"""Dense values cached per video from ``(uploaded_at, duration_ms)`` rows and counter rows."""
+"""Dense values cached per video from its numeric-field rows (``number_fields`` order) and
+counter rows."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,21 @@ class VideoTable:
         n_dense: int,
         describe: Describe,
         derive: Derive,
+        number_fields: Sequence[str] = (),
+        feature_fields: Sequence[str] = (),
     ) -> None:
         self.coded = coded
         self.multi_lens = multi_lens
         self.n_dense = n_dense
         self.describe = describe
         self.derive = derive
+        self.number_fields = tuple(number_fields)
+        """Numeric catalog fields kept per row (``numbers``), as dense sources declare them."""
+        fingerprint = tuple(dict.fromkeys((*feature_fields, *FILTER_FIELDS)))
+        self._fingerprint = attrgetter(*fingerprint)
+        """The catalog fields the features (per their sources' declarations) and the
+        filters read: a record differing in any gets a fresh row."""
+        self._numbers = attrgetter(*self.number_fields) if self.number_fields else None
         self._seen: dict[int, int] = {}
         """Sequence number reached in each change log followed (by ``id(log)``)."""
         self.clear()
@@ -170,8 +182,10 @@ class VideoTable:
         }
         self.multi_coders = {n: Codes() for n in self.multi_lens}
         self.multi_len = {n: np.zeros(capacity, dtype=np.int64) for n in self.multi_lens}
-        self.numbers = np.zeros((capacity, 2), dtype=np.float64)
-        """``(uploaded_at, duration_ms)`` per row."""
+        self.numbers = np.zeros((capacity, len(self.number_fields)), dtype=np.float64)
+        """Per row, the numeric catalog fields dense sources read (``number_fields``)."""
+        self.duration = np.zeros(capacity, dtype=np.float64)
+        """Length in ms, for the request's longest-duration filter."""
         self.hidden = np.zeros(capacity, dtype=np.bool_)
         self.category = np.zeros(capacity, dtype=np.int32)
         """Category code (:attr:`category_code`), for the request's category filter."""
@@ -185,7 +199,9 @@ class VideoTable:
         def doubled(array: npt.NDArray[Any], fill: float = 0) -> npt.NDArray[Any]:
             return np.concatenate([array, np.full_like(array, fill)])
 
-        for name in ("categorical", "codes", "numbers", "hidden", "category", "stats", "dense"):
+        for name in (
+            "categorical", "codes", "numbers", "duration", "hidden", "category", "stats", "dense"
+        ):
             setattr(self, name, doubled(getattr(self, name)))
         self.record_until = doubled(self.record_until, -math.inf)
         self.stats_until = doubled(self.stats_until, -math.inf)
@@ -197,19 +213,22 @@ class VideoTable:
     def add(self, video: Video) -> int:
         """A new row for ``video`` (its counters still to set); ``row_of`` points at it."""
         row = len(self.videos)
-        if row == len(self.numbers):
+        if row == len(self.hidden):
             self._grow()
         categorical, multi = self.describe(video)
         self.videos.append(video)
         self.stats_of.append(None)
-        self.fingerprints.append(_fingerprint(video))
+        self.fingerprints.append(self._fingerprint(video))
         self.row_of[video.video_id] = row
         self.categorical[row] = categorical
         self.codes[row] = [
             coder.code(key) if coder is not None else 0
             for coder, key in zip(self.coders, categorical, strict=True)
         ]
-        self.numbers[row] = (video.uploaded_at, video.duration_ms)
+        if self._numbers is not None:
+            numbers = self._numbers(video)
+            self.numbers[row] = numbers if len(self.number_fields) > 1 else (numbers,)
+        self.duration[row] = video.duration_ms
         self.hidden[row] = video.hidden
         self.category[row] = self.category_code.setdefault(video.category, len(self.category_code))
         for n, keys in multi.items():
@@ -224,7 +243,7 @@ class VideoTable:
     def _set_record(self, row: int | None, video: Video) -> int:
         """``video``'s row: ``row`` updated if its feature fields are the same, else a new one."""
         if row is None or (
-            self.videos[row] is not video and self.fingerprints[row] != _fingerprint(video)
+            self.videos[row] is not video and self.fingerprints[row] != self._fingerprint(video)
         ):
             return self.add(video)
         self.videos[row] = video  # the same record: next time the identity check holds
@@ -344,5 +363,5 @@ class VideoTable:
             codes = [c for c in map(self.category_code.get, keep.categories) if c is not None]
             ok &= np.isin(self.category[at], codes)
         if keep.max_duration_ms is not None:
-            ok &= self.numbers[at, 1] <= keep.max_duration_ms
+            ok &= self.duration[at] <= keep.max_duration_ms
         return ok

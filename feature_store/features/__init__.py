@@ -1,5 +1,10 @@
-"""Feature columns, their schema, stable keys, and batch extraction."""
+"""Feature columns, their declared sources, schema, stable keys, and extraction.
 
+Importing this package registers every standard source (the categorical and
+multi-valued ones in ``columns``, the dense ones in ``dense``).
+"""
+
+from feature_store.features.batch import BatchFeatures
 from feature_store.features.columns import (
     MISSING,
     Categorical,
@@ -9,9 +14,11 @@ from feature_store.features.columns import (
     FeatureRow,
     MultiValued,
 )
-from feature_store.features.extract import BatchFeatures, FeatureExtractor
+from feature_store.features.extract import FeatureExtractor
 from feature_store.features.keys import KeyHasher, cross_keys, feature_key
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema, default_schema
+from feature_store.features.sources import SOURCES, Scope, Source, source
+from feature_store.features.values import FeatureValues, ValueLayout, layout_of
 
 __all__ = [
     "MISSING",
@@ -24,9 +31,16 @@ __all__ = [
     "FeatureExtractor",
     "FeatureRow",
     "FeatureSchema",
+    "FeatureValues",
     "KeyHasher",
     "MultiValued",
+    "SOURCES",
+    "Scope",
+    "Source",
+    "ValueLayout",
     "cross_keys",
     "default_schema",
     "feature_key",
+    "layout_of",
+    "source",
 ]

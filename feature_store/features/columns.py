@@ -13,21 +13,24 @@ keys and index tensors. Four kinds:
 - :class:`Dense`: a numeric feature (video age, duration, log popularity),
   computed column-wise by :mod:`feature_store.features.dense`.
 
-Values come from *sources*: named functions of a :class:`FeatureRow`. Naming
-them (instead of holding lambdas) keeps the schema serialisable, so its hash
-can be stored in every exported model and checked by the server.
+Values come from *sources*: named, declared functions
+(:mod:`feature_store.features.sources`; the categorical and multi-valued ones
+of a :class:`FeatureRow` are below, the dense ones in
+:mod:`feature_store.features.dense`). Naming them (instead of holding
+lambdas) keeps the schema serialisable, so its hash can be stored in every
+exported model and checked by the server.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
+from feature_store.features.sources import Scope, source
 
 MISSING = "~"
 """Value of a categorical feature the row does not have (its own key)."""
@@ -54,13 +57,50 @@ class FeatureRow:
     stats: VideoStats = field(default_factory=VideoStats)
 
 
-# --- sources --------------------------------------------------------------
+# --- sources (declared in feature_store.features.sources) -----------------
+
+_R, _U, _V = (Scope.REQUEST,), (Scope.USER,), (Scope.VIDEO,)
 
 
+@source("user_id", "categorical", _R)
+def _user_id(row: FeatureRow) -> str:
+    return row.user_id
+
+
+@source("video_id", "categorical", _V, fields=("video_id",))
+def _video_id(row: FeatureRow) -> str:
+    return row.video_id
+
+
+@source("creator_id", "categorical", _V, fields=("creator_id",))
+def _creator_id(row: FeatureRow) -> str:
+    return row.video.creator_id if row.video else MISSING
+
+
+@source("category", "categorical", _V, fields=("category",))
+def _category(row: FeatureRow) -> str:
+    return row.video.category if row.video else MISSING
+
+
+def _context_source(name: str) -> None:
+    """A categorical source reading one optional field of the event or request context."""
+
+    def value(row: FeatureRow) -> str:
+        return getattr(row.context, name) or MISSING
+
+    source(name, "categorical", _R)(value)
+
+
+for _field in ("device", "os", "country", "surface", "age_group", "gender", "occupation"):
+    _context_source(_field)
+
+
+@source("hour_of_day", "categorical", _R)
 def _hour_bucket(row: FeatureRow) -> str:
     return str((row.ts_ms // 3_600_000) % 24)
 
 
+@source("position_bucket", "categorical", _R)
 def _position_bucket(row: FeatureRow) -> str:
     position = row.context.position
     if position is None:
@@ -69,33 +109,22 @@ def _position_bucket(row: FeatureRow) -> str:
     return str(position) if position < 10 else f"{10 + int(math.log2(position / 10))}+"
 
 
+@source("duration_bucket", "categorical", _V, fields=("duration_ms",))
 def _duration_bucket(row: FeatureRow) -> str:
     if row.video is None:
         return MISSING
     return str(int(math.log2(row.video.duration_ms / 1000 + 1)))
 
 
-CATEGORICAL_SOURCES: dict[str, Callable[[FeatureRow], str]] = {
-    "user_id": lambda r: r.user_id,
-    "video_id": lambda r: r.video_id,
-    "creator_id": lambda r: r.video.creator_id if r.video else MISSING,
-    "category": lambda r: r.video.category if r.video else MISSING,
-    "device": lambda r: r.context.device or MISSING,
-    "os": lambda r: r.context.os or MISSING,
-    "country": lambda r: r.context.country or MISSING,
-    "surface": lambda r: r.context.surface or MISSING,
-    "age_group": lambda r: r.context.age_group or MISSING,
-    "gender": lambda r: r.context.gender or MISSING,
-    "occupation": lambda r: r.context.occupation or MISSING,
-    "hour_of_day": _hour_bucket,
-    "position_bucket": _position_bucket,
-    "duration_bucket": _duration_bucket,
-}
+@source("tags", "multi", _V, fields=("tags",))
+def _tags(row: FeatureRow) -> list[str]:
+    return list(row.video.tags) if row.video else []
 
-MULTI_SOURCES: dict[str, Callable[[FeatureRow], list[str]]] = {
-    "tags": lambda r: list(r.video.tags) if r.video else [],
-    "history_videos": lambda r: [h.video_id for h in r.history],
-}
+
+@source("history_videos", "multi", _U)
+def _history_videos(row: FeatureRow) -> list[str]:
+    return [h.video_id for h in row.history]
+
 
 # --- columns --------------------------------------------------------------
 

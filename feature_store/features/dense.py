@@ -9,7 +9,7 @@ and hours, smoothed rates in 0..1) so the MLP needs no normalisation layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from feature_store.activity.base import VideoStats
+from feature_store.features.sources import SOURCES, Scope, source
 
 if TYPE_CHECKING:
     from feature_store.features.columns import Dense, FeatureRow
@@ -38,14 +39,17 @@ NEVER_SEEN_RECENCY = 10.0
 
 @dataclass(frozen=True)
 class DenseInputs:
-    """Raw numbers behind the dense features of ``B`` rows (float64 arrays)."""
+    """Raw numbers behind the dense features of ``B`` rows (float64 arrays).
+
+    ``fields`` holds exactly the numeric catalog fields the schema's dense
+    sources declare (:func:`~feature_store.features.sources.dense_fields`), so
+    a source reading an undeclared field fails on its first batch, in tests.
+    """
 
     ts_ms: Floats
     """(B,) moment of each row, ms since epoch."""
-    uploaded_at: Floats
-    """(B,) upload time, ms; NaN where the video is not in the catalog."""
-    duration_ms: Floats
-    """(B,) video length, ms; NaN where the video is not in the catalog."""
+    fields: dict[str, Floats]
+    """Catalog field -> (B,) values; NaN where the video is not in the catalog."""
     stats: Floats
     """(B, len(STAT_FIELDS)) the video's counters."""
     history_len: Floats
@@ -53,6 +57,9 @@ class DenseInputs:
 
     def stat(self, name: str) -> Floats:
         return self.stats[:, _S[name]]
+
+    def field(self, name: str) -> Floats:
+        return self.fields[name]
 
 
 def stats_matrix(stats: Sequence[VideoStats]) -> Floats:
@@ -63,18 +70,20 @@ def stats_matrix(stats: Sequence[VideoStats]) -> Floats:
     )
 
 
-def inputs_from_rows(rows: Sequence[FeatureRow]) -> DenseInputs:
+def inputs_from_rows(rows: Sequence[FeatureRow], fields: Sequence[str]) -> DenseInputs:
+    """:class:`DenseInputs` of ``rows`` with the catalog ``fields`` dense sources read."""
     nan = float("nan")
+    n = len(rows)
     return DenseInputs(
-        ts_ms=np.fromiter((r.ts_ms for r in rows), np.float64, len(rows)),
-        uploaded_at=np.fromiter(
-            (r.video.uploaded_at if r.video else nan for r in rows), np.float64, len(rows)
-        ),
-        duration_ms=np.fromiter(
-            (r.video.duration_ms if r.video else nan for r in rows), np.float64, len(rows)
-        ),
+        ts_ms=np.fromiter((r.ts_ms for r in rows), np.float64, n),
+        fields={
+            name: np.fromiter(
+                (getattr(r.video, name) if r.video else nan for r in rows), np.float64, n
+            )
+            for name in fields
+        },
         stats=stats_matrix([r.stats for r in rows]),
-        history_len=np.fromiter((len(r.history) for r in rows), np.float64, len(rows)),
+        history_len=np.fromiter((len(r.history) for r in rows), np.float64, n),
     )
 
 
@@ -82,41 +91,60 @@ def _log_hours_since(ms: Floats, now_ms: Floats) -> Floats:
     return np.log1p(np.maximum(0.0, (now_ms - ms) / 3_600_000))
 
 
+_ST = (Scope.VIDEO_STATS,)
+
+
+@source("video_age_log_hours", "dense", (Scope.VIDEO, Scope.REQUEST), fields=("uploaded_at",))
 def _video_age(x: DenseInputs) -> Floats:
-    return np.nan_to_num(_log_hours_since(x.uploaded_at, x.ts_ms), nan=0.0)
+    return np.nan_to_num(_log_hours_since(x.field("uploaded_at"), x.ts_ms), nan=0.0)
 
 
+@source("duration_log_s", "dense", (Scope.VIDEO,), fields=("duration_ms",))
 def _duration(x: DenseInputs) -> Floats:
-    return np.nan_to_num(np.log1p(x.duration_ms / 1000), nan=0.0)
+    return np.nan_to_num(np.log1p(x.field("duration_ms") / 1000), nan=0.0)
 
 
+@source("log_engagements", "dense", _ST)
 def _engagements(x: DenseInputs) -> Floats:
     return np.log1p(x.stat("plays") + x.stat("finishes") + x.stat("likes") + x.stat("shares"))
 
 
+@source("log_impressions", "dense", _ST)
+def _impressions(x: DenseInputs) -> Floats:
+    return np.log1p(x.stat("impressions"))
+
+
+@source("finish_rate", "dense", _ST)
+def _finish_rate(x: DenseInputs) -> Floats:
+    return (x.stat("finishes") + 0.5) / (x.stat("plays") + 1.0)
+
+
+@source("like_rate", "dense", _ST)
+def _like_rate(x: DenseInputs) -> Floats:
+    return (x.stat("likes") + x.stat("shares") + 0.1) / (x.stat("plays") + 1.0)
+
+
+@source("skip_rate", "dense", _ST)
+def _skip_rate(x: DenseInputs) -> Floats:
+    return (x.stat("skips") + x.stat("dislikes") + 0.1) / (
+        x.stat("impressions") + x.stat("plays") + 1.0
+    )
+
+
+@source("history_length_log", "dense", (Scope.USER,))
+def _history_length(x: DenseInputs) -> Floats:
+    return np.log1p(x.history_len)
+
+
+@source("recency_log_hours", "dense", (Scope.VIDEO_STATS, Scope.REQUEST))
 def _recency(x: DenseInputs) -> Floats:
     last = x.stat("last_ts")
     return np.where(last > 0, _log_hours_since(last, x.ts_ms), NEVER_SEEN_RECENCY)
-
-
-DENSE_SOURCES: dict[str, Callable[[DenseInputs], Floats]] = {
-    "video_age_log_hours": _video_age,
-    "duration_log_s": _duration,
-    "log_engagements": _engagements,
-    "log_impressions": lambda x: np.log1p(x.stat("impressions")),
-    "finish_rate": lambda x: (x.stat("finishes") + 0.5) / (x.stat("plays") + 1.0),
-    "like_rate": lambda x: (x.stat("likes") + x.stat("shares") + 0.1) / (x.stat("plays") + 1.0),
-    "skip_rate": lambda x: (x.stat("skips") + x.stat("dislikes") + 0.1)
-    / (x.stat("impressions") + x.stat("plays") + 1.0),
-    "history_length_log": lambda x: np.log1p(x.history_len),
-    "recency_log_hours": _recency,
-}
-"""Every dense source by name; a schema's :class:`Dense` columns refer to these."""
 
 
 def dense_matrix(columns: Sequence[Dense], inputs: DenseInputs) -> npt.NDArray[np.float32]:
     """(B, len(columns)) float32 features, in column order."""
     out = np.empty((len(inputs.ts_ms), len(columns)), dtype=np.float32)
     for j, col in enumerate(columns):
-        out[:, j] = DENSE_SOURCES[col.source](inputs)
+        out[:, j] = SOURCES[col.source].compute(inputs)
     return out

@@ -14,6 +14,7 @@ Crossed features combine their parts' keys with integer mixing
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -92,14 +93,23 @@ def splitmix64(x: Keys) -> Keys:
     return mix64(np.asarray(x, dtype=np.uint64) + _GOLDEN)
 
 
+@lru_cache(maxsize=1024)
+def _cross_seed(name: str) -> np.uint64:
+    return np.uint64(feature_key("cross", name) & _MASK64)
+
+
 def cross_keys(name: str, parts: Sequence[Keys]) -> Keys:
-    """Keys of a crossed feature from its parts' keys (same length each).
+    """Keys of a crossed feature from its parts' keys.
 
     ``mix(mix(seed ^ k1) ^ k2) ...`` with the cross's name as seed: order
     matters, and the result is independent of the parts' own key spaces
-    colliding with the cross's.
+    colliding with the cross's. Parts have one length, or length 1 for a
+    part shared by every row (broadcast): the serving path crosses a request's
+    one user key with each distinct video key this way. The one crossing
+    function of the project: training and serving both call it.
     """
-    acc = np.full(len(parts[0]), feature_key("cross", name) & _MASK64, dtype=np.uint64)
+    n = max(len(p) for p in parts)
+    acc = np.full(n, _cross_seed(name), dtype=np.uint64)
     for part in parts:
         acc = splitmix64(acc ^ part)
     return acc

@@ -11,16 +11,15 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from feature_store.errors import ConfigurationError
 from feature_store.features.columns import (
-    CATEGORICAL_SOURCES,
-    MULTI_SOURCES,
     Categorical,
     Column,
     Crossed,
     Dense,
     MultiValued,
 )
-from feature_store.features.dense import DENSE_SOURCES
+from feature_store.features.sources import declared
 from feature_store.settings import FeatureSettings
 
 WIDE_TABLE = "wide"
@@ -36,24 +35,24 @@ class FeatureSchema:
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
         if len(set(names)) != len(names):
-            raise ValueError(f"duplicate column names in {names}")
+            raise ConfigurationError(f"duplicate column names in {names}")
         categorical = {c.name for c in self.categorical}
         for col in self.columns:
-            if isinstance(col, Categorical) and col.source not in CATEGORICAL_SOURCES:
-                raise ValueError(f"{col.name}: unknown categorical source {col.source!r}")
-            if isinstance(col, MultiValued) and col.source not in MULTI_SOURCES:
-                raise ValueError(f"{col.name}: unknown multi-valued source {col.source!r}")
-            if isinstance(col, Dense) and col.source not in DENSE_SOURCES:
-                raise ValueError(f"{col.name}: unknown dense source {col.source!r}")
+            if isinstance(col, Categorical):
+                declared(col.source, "categorical", col.name)
+            elif isinstance(col, MultiValued):
+                declared(col.source, "multi", col.name)
+            elif isinstance(col, Dense):
+                declared(col.source, "dense", col.name)
             if isinstance(col, Crossed) and not set(col.columns) <= categorical:
-                raise ValueError(f"{col.name}: crosses must name categorical columns")
+                raise ConfigurationError(f"{col.name}: crosses must name categorical columns")
         dims: dict[str, int] = {}
         for col in self.embedded:
             table = col.table_name()
             if table == WIDE_TABLE:
-                raise ValueError(f"{col.name}: table name {WIDE_TABLE!r} is reserved")
+                raise ConfigurationError(f"{col.name}: table name {WIDE_TABLE!r} is reserved")
             if dims.setdefault(table, col.dim) != col.dim:
-                raise ValueError(f"{col.name}: table {table!r} shared with another dim")
+                raise ConfigurationError(f"{col.name}: table {table!r} shared with another dim")
 
     @property
     def categorical(self) -> list[Categorical]:

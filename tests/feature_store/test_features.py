@@ -10,6 +10,7 @@ import pytest
 
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
+from feature_store.errors import ConfigurationError
 from feature_store.events import EventContext
 from feature_store.features import (
     Categorical,
@@ -151,5 +152,5 @@ def test_schema_hash_changes_with_the_columns() -> None:
     ],
 )
 def test_invalid_schemas_are_refused(columns: tuple[object, ...]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError):
         FeatureSchema(columns=columns)  # type: ignore[arg-type]

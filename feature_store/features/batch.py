@@ -1,0 +1,46 @@
+"""The model's inputs for one batch: unique keys per table, index tensors, dense values.
+
+What a temporary-embedding-matrix model consumes (trainer and ONNX server alike):
+
+- per embedding table, the batch's *unique* keys, to pull once;
+- per embedded column, int64 indices into that table's pulled rows: shape
+  ``(B,)`` for a categorical column, ``(B, max_len)`` for a multi-valued one,
+  padded with ``len(table_keys[table])`` (one past the last row: the model
+  appends a zero row there, so padding pools to nothing);
+- the wide part's unique keys and a ``(B, wide_width)`` index matrix;
+- a ``(B, n_dense)`` float32 matrix of dense features.
+
+No fixed capacity anywhere: sizes follow the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from feature_store.features.keys import Keys
+
+Indices = npt.NDArray[np.int64]
+
+
+@dataclass
+class BatchFeatures:
+    """Keys to pull and tensors to feed, for one batch of rows."""
+
+    batch_size: int
+    table_keys: dict[str, Keys]
+    """Unique keys per embedding table, in the order the rows must be pulled."""
+    column_indices: dict[str, Indices]
+    """Per embedded column: indices into its table's pulled rows (see module doc)."""
+    wide_keys: Keys
+    wide_indices: Indices
+    """``(B, wide_width)`` indices into ``wide_keys``."""
+    dense: npt.NDArray[np.float32]
+    unique_key_count: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.unique_key_count = int(
+            sum(len(k) for k in self.table_keys.values()) + len(self.wide_keys)
+        )
