@@ -37,6 +37,7 @@ import platform
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from feature_store.runtime import open_resources
 from feature_store.settings import Settings
 from feature_store.synthetic import SyntheticWorld, WorldConfig
 from trainer.loop import OnlineTrainer
-from trainer.samples import Lookup, build_rows
+from trainer.samples import Lookup, labelled_rows
 from trainer.step import to_inputs
 
 
@@ -120,6 +121,10 @@ def pipeline_rate(settings: Settings, world: SyntheticWorld, events: list[Any], 
     }
 
 
+def _moments(trainer: Any, chunk: list[Any], lookup: Any, positions: list[int]) -> Any:
+    return trainer.moment_values([chunk[i] for i in positions], lookup)
+
+
 def floor_rate(settings: Settings, world: SyntheticWorld, events: list[Any], batch: int,
                repeats: int = 30) -> float:
     """Events/s of forward + backward + Adam alone on pre-built tensors of real batches."""
@@ -132,10 +137,13 @@ def floor_rate(settings: Settings, world: SyntheticWorld, events: list[Any], bat
         for chunk in chunks:
             partitions = [0] * len(chunk)
             lookup = Lookup(resources.catalog, chunk)
-            samples = trainer.joiner.observe(chunk, partitions, lookup.durations)
+            samples = trainer.joiner.observe(
+                chunk, partitions, lookup.durations,
+                partial(_moments, trainer, chunk, lookup),
+            )
             if samples:
-                rows = build_rows(samples, lookup, resources.catalog, resources.activity, 20)
-                feats = trainer.trainer.extractor.extract(rows.rows)
+                rows = labelled_rows(samples, trainer.trainer.extractor.layout)
+                feats = rows.values.to_batch()
                 tables, wide = trainer.trainer.pull(feats, train=True)
                 prepared.append((len(chunk), feats, tables, wide, rows.labels, rows.weights))
             resources.activity.record(chunk, lookup.durations)

@@ -119,8 +119,10 @@ class FeatureSettings(_Section):
     """Recent watches kept per user (feeds the history feature and candidates)."""
     history_in_model: int = Field(20, ge=1, le=200)
     """Most recent watches pooled into the history embedding."""
-    watched_ratio_threshold: float = Field(0.3, ge=0, le=1)
-    """Watch ratio from which a play counts as watched in the history."""
+    positive_watch_ratio: float = Field(0.5, ge=0, le=1)
+    """Watch ratio (watched / duration) from which a play is a positive: the one threshold
+    for the trainer's label, the user's history and co-visitation alike, so "what the
+    user valued" means one thing everywhere."""
     user_attributes: bool = False
     """Add the user's age group, gender and occupation (from the event or request
     context, where clients send them) as columns, each crossed with the category.
@@ -230,9 +232,8 @@ class TrainerSettings(_Section):
     """Events per micro-batch (events consumed, not samples produced)."""
     max_wait_ms: int = Field(200, ge=1, le=60_000)
     """Longest wait to fill a batch; a partial batch trains after this (ms)."""
-    # --- label policy (see trainer/labels.py) ---
-    positive_watch_ratio: float = Field(0.5, ge=0, le=1)
-    """A play whose watch ratio reaches this is a positive."""
+    # --- label policy (see trainer/labels.py; a play's positive threshold is
+    # features.positive_watch_ratio, shared with the history and co-visitation) ---
     short_play_ratio: float = Field(0.1, ge=0, le=1)
     """A play whose watch ratio is below this is a negative (between: no label)."""
     join_window_ms: int = Field(60_000, ge=1)

@@ -5,6 +5,7 @@ Layout under ``<data_dir>/trainer/<group_id>/``::
     checkpoints/<seq>/state.json   positions, counters, joiner, metrics
     checkpoints/<seq>/dense.pt     dense parameters and Adam state
     checkpoints/<seq>/dedupe.npy   the dedupe window (uint64 id hashes)
+    checkpoints/<seq>/shown.npy    feature values of the impressions the joiner remembers
     checkpoints/<seq>/sparse/<t>/  sparse tables, when they live in this process
     checkpoints/<seq>/activity/    the activity store, when it lives in this process
     LATEST                         {"seq": ...}, replaced atomically
@@ -33,6 +34,7 @@ LATEST = "LATEST"
 STATE_FILE = "state.json"
 DENSE_FILE = "dense.pt"
 DEDUPE_FILE = "dedupe.npy"
+SHOWN_FILE = "shown.npy"
 
 
 def _fsync_file(path: Path) -> None:

@@ -35,18 +35,37 @@ is reached, the oldest pending impression resolves early as a negative
 expires everything older than the window by wall clock when the stream is
 idle, so impressions at the end of a stream are not held forever.
 
+**Point in time.** A sample's features are the state as of the moment the
+video was *shown*: its impression, or the engagement itself when no
+impression precedes it. The joiner asks its caller for the feature values
+of those moments (:meth:`Joiner.observe`'s ``featurise``: the batch's
+pre-batch state, or the values the service logged when it served the
+video), keeps them with the remembered impression, and every sample the
+impression later carries (the engagement's label, or its own timeout
+negative) trains on them. So a negative that times out 60 s later is not
+featurised from a state that already holds the impression itself and the
+user's later watches, which would let a feature like the video's recency or
+the user's history length read the label.
+
 Every later event of the same (user, video) inherits the context fields
 (position, surface, device...) it lacks from the latest impression, joined or
-not, for as long as that impression is remembered (``joiner_max_entries``
-most recent): clients often send the context only with the impression, and
-a positive without a position next to a negative with one would let the
-model read the label off a missing field.
+not, and its feature values, for as long as that impression is remembered
+(the ``joiner_max_entries`` most recent impressions, about 0.5 KB each with
+the default schema): clients often send the context only with the
+impression, and a positive without a position next to a negative with one
+would let the model read the label off a missing field. A pending impression
+forgotten because newer ones filled the memory resolves early as a negative
+(``evicted``).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from feature_store.events import Event, EventContext, EventType
 from feature_store.settings import TrainerSettings
@@ -56,8 +75,17 @@ _POSITIVE = frozenset({EventType.FINISH, EventType.LIKE, EventType.SHARE})
 _NEGATIVE = frozenset({EventType.SKIP, EventType.DISLIKE})
 
 
+Packed = npt.NDArray[np.uint64]
+"""One row of feature values (:class:`~feature_store.features.values.FeatureValues`)."""
+
+Featurise = Callable[[list[int]], npt.NDArray[np.uint64]]
+"""Given positions in the observed batch, their ``(n, W)`` feature values as of their moment."""
+
+Key = tuple[str, str]
+
+
 class Sample(NamedTuple):
-    """One labelled (user, video) moment, before feature lookup.
+    """One labelled (user, video) moment with its point-in-time features.
 
     A named tuple rather than a dataclass: hundreds are made per batch, and
     a tuple is built several times faster than a frozen dataclass.
@@ -68,14 +96,24 @@ class Sample(NamedTuple):
     label: float
     weight: float
     context: EventContext
-    """Context to featurise: the event's own, or its impression's if it had none."""
+    """Context of the moment: the event's own, completed by its impression's."""
+    values: Packed
+    """Feature values as of the moment the video was shown (see the module doc)."""
+
+
+class Shown(NamedTuple):
+    """A remembered impression: when, where, and what its features were."""
+
+    impression: Event
+    partition: int
+    values: Packed
 
 
 class LabelPolicy:
     """Maps one event to a label, or ``None`` for no sample; see the module doc."""
 
-    def __init__(self, settings: TrainerSettings) -> None:
-        self.positive_ratio = settings.positive_watch_ratio
+    def __init__(self, settings: TrainerSettings, positive_watch_ratio: float) -> None:
+        self.positive_ratio = positive_watch_ratio
         self.short_ratio = settings.short_play_ratio
         self.weights = {EventType(k): float(v) for k, v in settings.sample_weights.items()}
 
@@ -100,26 +138,29 @@ class LabelPolicy:
 
 
 class Joiner:
-    """Pending impressions keyed by (user, video), bounded, expiring by event time.
+    """Remembered impressions keyed by (user, video), bounded, expiring by event time.
 
-    One insertion-ordered dict per partition: within a partition events
-    arrive in log order, so expiry pops from the front and stops at the first
-    live entry (amortised O(expired), not O(pending), per batch).
+    One LRU of shown moments (:class:`Shown`, the newest impression per pair)
+    and, per partition, the insertion-ordered keys of those still pending:
+    within a partition events arrive in log order, so expiry pops from the
+    front and stops at the first live entry (amortised O(expired) per batch).
     """
 
     def __init__(self, policy: LabelPolicy, window_ms: int, max_entries: int) -> None:
         self.policy = policy
         self.window_ms = window_ms
         self.max_entries = max_entries
-        self._pending: dict[int, OrderedDict[tuple[str, str], Event]] = {}
+        self._shown: OrderedDict[Key, Shown] = OrderedDict()
+        self._pending: dict[int, OrderedDict[Key, None]] = {}
         self._size = 0
+        """Pending impressions (over every partition)."""
         self._watermark: dict[int, int] = {}
-        self._contexts: OrderedDict[tuple[str, str], EventContext] = OrderedDict()
-        """Context of the latest impression per pair (LRU, ``max_entries``)."""
         self.evicted = 0
-        """Impressions resolved early because the joiner was full."""
+        """Pending impressions resolved early because newer ones filled the memory."""
         self.expired = 0
         """Impressions that timed out into negatives."""
+        self.own_moments = 0
+        """Labelled events featurised at their own moment (no remembered impression)."""
 
     def __len__(self) -> int:
         return self._size
@@ -129,60 +170,95 @@ class Joiner:
         events: list[Event],
         partitions: list[int],
         durations: dict[str, int],
+        featurise: Featurise,
     ) -> list[Sample]:
         """Samples produced by ``events`` (in log order) and by the impressions they expire.
 
-        ``durations`` gives catalog lengths (ms) for plays without ``duration_ms``.
+        ``durations`` gives catalog lengths (ms) for plays without
+        ``duration_ms``. ``featurise`` is called once, with the positions of
+        the events whose own moment is a shown moment: every impression, and
+        every labelled event that no remembered impression precedes.
         """
+        labels = [
+            None if e.type is _IMPRESSION else self.policy.label(e, durations.get(e.video_id))
+            for e in events
+        ]
+        own = self._own_moments(events, labels)
+        values = featurise(own) if own else None
+        row_of = {position: row for row, position in enumerate(own)}
         samples: list[Sample] = []
-        label_of = self.policy.label
         weight_of = self.policy.weight
         watermark = self._watermark
-        for event, partition in zip(events, partitions, strict=True):
+        for i, (event, partition, label) in enumerate(zip(events, partitions, labels, strict=True)):
+            key = (event.user_id, event.video_id)
             pending = self._pending.get(partition)
             if pending is None:
                 pending = self._pending[partition] = OrderedDict()
-            key = (event.user_id, event.video_id)
             if event.type is _IMPRESSION:
-                contexts = self._contexts
-                contexts.pop(key, None)
-                contexts[key] = event.context
-                if len(contexts) > self.max_entries:
-                    contexts.popitem(last=False)
-                if pending.pop(key, None) is None:
-                    self._size += 1
-                pending[key] = event  # shown again: the newest impression waits
-                if self._size > self.max_entries:
-                    samples.append(self._negative(self._pop_oldest()))
-                    self.evicted += 1
+                assert values is not None
+                self._remember(key, Shown(event, partition, values[row_of[i]]), samples)
             else:
-                if pending.pop(key, None) is not None:
+                if key in pending:  # engaged: the impression carries no label of its own
+                    del pending[key]
                     self._size -= 1
-                label = label_of(event, durations.get(event.video_id))
                 if label is not None:
-                    context = _merge(event.context, self._contexts.get(key))
-                    samples.append(Sample(event, label, weight_of(event.type), context))
+                    shown = self._shown.get(key)
+                    if shown is None:
+                        assert values is not None
+                        self.own_moments += 1
+                        samples.append(Sample(event, label, weight_of(event.type),
+                                              event.context, values[row_of[i]]))
+                    else:
+                        context = _merge(event.context, shown.impression.context)
+                        samples.append(
+                            Sample(event, label, weight_of(event.type), context, shown.values)
+                        )
             if event.ts > watermark.get(partition, 0):
                 watermark[partition] = event.ts
         samples += self._expire()
         return samples
 
-    def _pop_oldest(self) -> Event:
-        fronts = [(next(iter(d.values())).ts, p) for p, d in self._pending.items() if d]
-        _, partition = min(fronts)
-        self._size -= 1
-        return self._pending[partition].popitem(last=False)[1]
+    def _own_moments(self, events: list[Event], labels: list[float | None]) -> list[int]:
+        """Positions of impressions, and of labelled events no remembered impression precedes."""
+        shown_here: set[Key] = set()
+        out = []
+        for i, (event, label) in enumerate(zip(events, labels, strict=True)):
+            key = (event.user_id, event.video_id)
+            if event.type is _IMPRESSION:
+                shown_here.add(key)
+                out.append(i)
+            elif label is not None and key not in shown_here and key not in self._shown:
+                out.append(i)
+        return out
+
+    def _remember(self, key: Key, shown: Shown, samples: list[Sample]) -> None:
+        """Remember ``shown`` as the newest impression of ``key``, pending; evict past the bound."""
+        old = self._shown.pop(key, None)
+        if old is not None and key in self._pending[old.partition]:
+            del self._pending[old.partition][key]  # shown again: the newest impression waits
+            self._size -= 1
+        self._shown[key] = shown
+        self._pending[shown.partition][key] = None
+        self._size += 1
+        while len(self._shown) > self.max_entries:
+            old_key, old = self._shown.popitem(last=False)
+            if old_key in self._pending[old.partition]:
+                del self._pending[old.partition][old_key]
+                self._size -= 1
+                self.evicted += 1
+                samples.append(self._negative(old))
 
     def _expire(self, now_ms: int = 0) -> list[Sample]:
         out: list[Sample] = []
         for partition, pending in self._pending.items():
             limit = max(self._watermark.get(partition, 0), now_ms) - self.window_ms
             while pending:
-                key, event = next(iter(pending.items()))
-                if event.ts >= limit:
+                key = next(iter(pending))
+                shown = self._shown[key]
+                if shown.impression.ts >= limit:
                     break
                 del pending[key]
-                out.append(self._negative(event))
+                out.append(self._negative(shown))
         self._size -= len(out)
         self.expired += len(out)
         return out
@@ -196,42 +272,56 @@ class Joiner:
         """
         return self._expire(now_ms)
 
-    def _negative(self, impression: Event) -> Sample:
-        return Sample(impression, 0.0, self.policy.weight(EventType.IMPRESSION), impression.context)
+    def _negative(self, shown: Shown) -> Sample:
+        impression = shown.impression
+        weight = self.policy.weight(EventType.IMPRESSION)
+        return Sample(impression, 0.0, weight, impression.context, shown.values)
 
     # --- checkpointing ------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
-        """JSON-able pending impressions and watermarks, for the checkpoint."""
-        return {
-            "pending": [
-                [partition, event.model_dump(mode="json", exclude_none=True)]
-                for partition, pending in self._pending.items()
-                for event in pending.values()
-            ],
+    def state(self) -> tuple[dict[str, Any], npt.NDArray[np.uint64]]:
+        """JSON-able remembered impressions and watermarks, and their ``(n, W)`` values."""
+        entries = list(self._shown.items())
+        shown = [
+            [s.partition, s.impression.model_dump(mode="json", exclude_none=True),
+             key in self._pending[s.partition]]
+            for key, s in entries
+        ]
+        values = (
+            np.stack([s.values for _, s in entries]) if entries else np.zeros((0, 0), np.uint64)
+        )
+        state = {
+            "shown": shown,
+            "pending_order": {
+                str(p): [list(k) for k in pending] for p, pending in self._pending.items()
+            },
             "watermark": {str(k): v for k, v in self._watermark.items()},
-            "contexts": [
-                [user, video, ctx.model_dump(exclude_none=True)]
-                for (user, video), ctx in self._contexts.items()
-            ],
             "evicted": self.evicted,
             "expired": self.expired,
+            "own_moments": self.own_moments,
         }
+        return state, values
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any], values: npt.NDArray[np.uint64]) -> None:
+        """Restore what :meth:`state` returned (a checkpoint without values restores nothing
+        pending: a trainer before point-in-time features kept no values)."""
+        self._shown = OrderedDict()
         self._pending = {}
         self._size = 0
-        for partition, data in state.get("pending", []):
+        for row, (partition, data, _) in enumerate(state.get("shown", [])):
             event = Event.model_validate(data)
+            key = (event.user_id, event.video_id)
+            self._shown[key] = Shown(event, int(partition), values[row])
+        for partition, keys in state.get("pending_order", {}).items():
             pending = self._pending.setdefault(int(partition), OrderedDict())
-            pending[(event.user_id, event.video_id)] = event
-            self._size += 1
+            for user, video in keys:
+                if (user, video) in self._shown:
+                    pending[(user, video)] = None
+                    self._size += 1
         self._watermark = {int(k): int(v) for k, v in state.get("watermark", {}).items()}
-        self._contexts = OrderedDict(
-            ((user, video), EventContext(**ctx)) for user, video, ctx in state.get("contexts", [])
-        )
         self.evicted = int(state.get("evicted", 0))
         self.expired = int(state.get("expired", 0))
+        self.own_moments = int(state.get("own_moments", 0))
 
 
 def _merge(own: EventContext, shown: EventContext | None) -> EventContext:

@@ -4,8 +4,8 @@ One iteration::
 
     poll up to batch_size events (waiting at most max_wait_ms)
     drop event ids already trained (dedupe window)
-    join impressions, label events (trainer.labels)
-    features from the stores' pre-batch state (trainer.samples)
+    join impressions, label events (trainer.labels); feature values of the
+      moments shown, from the stores' pre-batch state (trainer.samples)
     pull -> forward (prequential scores) -> backward -> push -> dense step
     record the events into the activity store (histories, counters)
     every checkpoint_every_s: checkpoint, then commit the offsets it covers
@@ -56,9 +56,10 @@ from prometheus_client import CollectorRegistry
 
 from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
+from feature_store.events import Event
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries
-from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, STATE_FILE, Checkpointer
+from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, SHOWN_FILE, STATE_FILE, Checkpointer
 from trainer.dedupe import DedupeWindow, id_hash
 from trainer.distributed import open_group_sync
 from trainer.export import publish
@@ -66,7 +67,7 @@ from trainer.fetch import IDLE, Fetcher
 from trainer.labels import Joiner, LabelPolicy, Sample
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
-from trainer.samples import Lookup, build_rows
+from trainer.samples import Lookup, featurise, labelled_rows
 from trainer.step import Trainer
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class OnlineTrainer:
             io_threads=cfg.io_threads if self.durable_sparse else 1,
             overlap_push=cfg.overlap_push and self.durable_sparse and self.group is None,
         )
-        self.joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
+        policy = LabelPolicy(cfg, settings.features.positive_watch_ratio)
+        self.joiner = Joiner(policy, cfg.join_window_ms, cfg.joiner_max_entries)
         self.dedupe = DedupeWindow(cfg.dedupe_window)
         self.metrics = TrainerMetrics(cfg.metrics_window, registry)
         self.series = series
@@ -203,7 +205,7 @@ class OnlineTrainer:
                 if records:
                     self.train_records(records)
                 elif records is IDLE:
-                    self._train_samples(self.joiner.flush_idle(int(time.time() * 1000)), None)
+                    self._train_samples(self.joiner.flush_idle(int(time.time() * 1000)))
                     self._retry(self.trainer.settle)
                 self._periodic(idle=not records)
         finally:
@@ -235,8 +237,15 @@ class OnlineTrainer:
         events = [records[i].event for i in fresh]
         partitions = [records[i].partition for i in fresh]
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
-        samples = self.joiner.observe(events, partitions, lookup.durations)
-        keys = self._train_samples(samples, lookup)
+
+        def moments(positions: list[int]) -> np.ndarray:
+            return self.moment_values([events[i] for i in positions], lookup)
+
+        # observe calls moments before it changes any state: a retry is clean.
+        samples = self._retry(
+            lambda: self.joiner.observe(events, partitions, lookup.durations, moments)
+        )
+        keys = self._train_samples(samples)
         self.trainer.advance()  # Redis applies the pushes while the activity is recorded
         if events:
             self._retry(lambda: self.resources.activity.record(events, lookup.durations))
@@ -261,18 +270,21 @@ class OnlineTrainer:
             time.perf_counter() - started,
         )
 
-    def _train_samples(self, samples: list[Sample], lookup: Lookup | None) -> int:
+    def moment_values(self, events: list[Event], lookup: Lookup) -> np.ndarray:
+        """Packed feature values of ``events``' moments, from the stores' pre-batch state."""
+        return featurise(
+            self.trainer.extractor, events, lookup, self.resources.activity, self.history_limit
+        )
+
+    def _train_samples(self, samples: list[Sample]) -> int:
         """One training step over ``samples``; returns the batch's unique key count."""
         if not samples:
             return 0
         self._dirty = True
-        catalog, activity = self.resources.catalog, self.resources.activity
-        if lookup is None:
-            lookup = self._retry(lambda: Lookup(catalog, [s.event for s in samples]))
+        rows = labelled_rows(samples, self.trainer.extractor.layout)
+        batch = rows.values.to_batch()
 
         def attempt() -> int:
-            rows = build_rows(samples, lookup, catalog, activity, self.history_limit)
-            batch = self.trainer.extractor.extract(rows.rows)
             with self._lock:
                 result = self.trainer.step(batch, rows.labels, rows.weights)
             self.metrics.observe_scores(
@@ -416,6 +428,8 @@ class OnlineTrainer:
             }
             torch.save(dense, directory / DENSE_FILE)
             np.save(directory / DEDUPE_FILE, self.dedupe.to_array())
+            joiner, shown = self.joiner.state()
+            np.save(directory / SHOWN_FILE, shown)
             if not self.durable_sparse:
                 for name, table in self.resources.tables.items():
                     table.snapshot(directory / "sparse" / name)
@@ -429,7 +443,7 @@ class OnlineTrainer:
                 "events_total": self.metrics.events_total,
                 "samples_total": self.metrics.samples_total,
                 "batches_total": self.metrics.batches_total,
-                "joiner": self.joiner.state(),
+                "joiner": joiner,
                 "last_version": self.last_version,
             }
             (directory / STATE_FILE).write_text(json.dumps(state))
@@ -479,7 +493,9 @@ class OnlineTrainer:
                 self.resources.activity.restore(directory / "activity")
             state = json.loads((directory / STATE_FILE).read_text())
             self.positions = {int(p): int(o) for p, o in state["positions"].items()}
-            self.joiner.load_state(state.get("joiner", {}))
+            shown_file = directory / SHOWN_FILE
+            shown = np.load(shown_file) if shown_file.is_file() else np.zeros((0, 0), np.uint64)
+            self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
             self.metrics.events_total = int(state.get("events_total", 0))
             self.metrics.samples_total = int(state.get("samples_total", 0))
             self.metrics.batches_total = int(state.get("batches_total", 0))

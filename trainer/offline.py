@@ -26,19 +26,22 @@ import gc
 import logging
 import time
 from collections.abc import Collection, Sequence
+from functools import partial
 
 import numpy as np
 import torch
 
+from feature_store.activity.base import ActivityStore
 from feature_store.component import OfflineResult, ScoredSamples
 from feature_store.events import Event
-from feature_store.features.columns import FeatureRow
+from feature_store.features.extract import FeatureExtractor
+from feature_store.features.values import FeatureValues
 from feature_store.quality import roc_auc
 from feature_store.runtime import Resources
 from trainer.labels import Joiner, LabelPolicy, Sample
 from trainer.loop import OnlineTrainer
 from trainer.model import WideDeep
-from trainer.samples import Lookup, build_rows
+from trainer.samples import Lookup, featurise, labelled_rows
 from trainer.step import Trainer
 
 log = logging.getLogger(__name__)
@@ -98,34 +101,46 @@ class OnlineReplay:
 
 def build_samples(
     resources: Resources, events: Sequence[Event], batch_size: int
-) -> tuple[list[Sample], list[FeatureRow]]:
-    """The online loop's samples and feature rows, without training.
+) -> tuple[list[Sample], FeatureValues]:
+    """The online loop's samples and their feature values, without training.
 
-    Same joiner and label policy, same pre-batch store state per batch of
-    ``batch_size`` events, recorded into ``resources.activity`` (which must
-    start empty) after each batch, as the loop does.
+    Same joiner and label policy, same point-in-time values (the pre-batch
+    store state of each batch of ``batch_size`` events, at the moment each
+    video was shown), recorded into ``resources.activity`` (which must start
+    empty) after each batch, as the loop does. Values are packed rows (about
+    0.4 KB a sample), not row objects, so a long stream fits in memory.
     """
-    cfg = resources.settings.trainer
-    joiner = Joiner(LabelPolicy(cfg), cfg.join_window_ms, cfg.joiner_max_entries)
-    history_limit = resources.settings.features.history_in_model
+    settings = resources.settings
+    cfg = settings.trainer
+    policy = LabelPolicy(cfg, settings.features.positive_watch_ratio)
+    joiner = Joiner(policy, cfg.join_window_ms, cfg.joiner_max_entries)
+    extractor = FeatureExtractor(resources.schema)
+    history_limit = settings.features.history_in_model
     samples: list[Sample] = []
-    rows: list[FeatureRow] = []
     for start in range(0, len(events), batch_size):
-        chunk = events[start : start + batch_size]
+        chunk = list(events[start : start + batch_size])
         lookup = Lookup(resources.catalog, chunk)
-        found = joiner.observe(list(chunk), [0] * len(chunk), lookup.durations)
-        if found:
-            built = build_rows(found, lookup, resources.catalog, resources.activity, history_limit)
-            samples += found
-            rows += built.rows
+        moments = partial(_moments, extractor, chunk, lookup, resources.activity, history_limit)
+        samples += joiner.observe(chunk, [0] * len(chunk), lookup.durations, moments)
         resources.activity.record(chunk, lookup.durations)
-    return samples, rows
+    return samples, labelled_rows(samples, extractor.layout).values
 
 
-def _score(trainer: Trainer, rows: Sequence[FeatureRow]) -> np.ndarray:
+def _moments(
+    extractor: FeatureExtractor,
+    chunk: list[Event],
+    lookup: Lookup,
+    activity: ActivityStore,
+    history_limit: int,
+    positions: list[int],
+) -> np.ndarray:
+    return featurise(extractor, [chunk[i] for i in positions], lookup, activity, history_limit)
+
+
+def _score(trainer: Trainer, values: FeatureValues) -> np.ndarray:
     parts = [
-        trainer.score(trainer.extractor.extract(list(rows[i : i + _SCORE_BATCH])))
-        for i in range(0, len(rows), _SCORE_BATCH)
+        trainer.score(values.take(np.arange(i, min(i + _SCORE_BATCH, len(values)))).to_batch())
+        for i in range(0, len(values), _SCORE_BATCH)
     ]
     return np.concatenate(parts) if parts else np.zeros(0)
 
@@ -150,7 +165,7 @@ def train_offline(
     optimizers are the online trainer's (``settings.trainer``, ``.sparse``).
     """
     cfg = resources.settings.trainer
-    samples, rows = build_samples(resources, events, cfg.batch_size)
+    samples, values = build_samples(resources, events, cfg.batch_size)
     index = {s.event.event_id: i for i, s in enumerate(samples) if s.weight > 0}
     train = np.array([index[i] for i in train_ids if i in index], dtype=np.int64)
     valid = [index[i] for i in valid_ids if i in index]
@@ -172,15 +187,14 @@ def train_offline(
         loss = 0.0
         for i in range(0, len(order), batch_size):
             idx = order[i : i + batch_size]
-            batch = trainer.extractor.extract([rows[j] for j in idx])
-            loss += trainer.step(batch, labels[idx], weights[idx]).loss
-        auc = roc_auc(_score(trainer, [rows[j] for j in valid]), valid_labels)
+            loss += trainer.step(values.take(idx).to_batch(), labels[idx], weights[idx]).loss
+        auc = roc_auc(_score(trainer, values.take(valid)), valid_labels)
         epochs.append({"epoch": epoch, "train_loss": loss / max(1, len(order)),
                        "valid_auc": auc, "seconds": time.perf_counter() - started})
         log.info("offline epoch %d: valid AUC %.4f", epoch, auc)
         if auc > best_auc:
             best_auc, best_epoch = auc, epoch
-            best_scores = _score(trainer, [rows[j] for j in test])
+            best_scores = _score(trainer, values.take(test))
         elif epoch - best_epoch >= patience:
             break
     trainer.close()

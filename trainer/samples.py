@@ -1,15 +1,18 @@
-"""From a batch of events to labelled feature rows, with batched store reads.
+"""Feature values of the moments a batch needs, and the training rows of its samples.
 
 One catalog read (``get_many``), one history read (``histories``) and one
 counters read (``video_stats``) per batch, whatever its size: per-event
 round trips would cap throughput at a few thousand events per second against
 Redis.
 
-No leakage: features come from the user's history and the video's counters
-as they stood *before the batch* (the batch's own events are recorded into
-the activity store only after the model trained on it), so a sample never
-sees its own outcome. Within one batch every sample sees the same
-pre-batch state, which is at most ``max_wait_ms`` (or one batch) stale.
+No leakage: :func:`featurise` reads the user's history and the video's
+counters as they stood *before the batch* (the batch's own events are
+recorded into the activity store only after the model trained on it), for
+the moments the joiner asks about: impressions and engagements with no
+remembered impression (:mod:`trainer.labels`). Every sample then trains on
+the values of the moment its video was shown, however late its label
+arrives. Within one batch every moment sees the same pre-batch state, at
+most ``max_wait_ms`` (or one batch) stale, never later than the moment.
 """
 
 from __future__ import annotations
@@ -20,21 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.activity.base import ActivityStore, HistoryEntry, VideoStats
+from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
+from feature_store.features.extract import FeatureExtractor
+from feature_store.features.values import FeatureValues, ValueLayout
 from trainer.labels import Sample
-
-
-@dataclass
-class LabelledRows:
-    """Feature rows with their labels and loss weights, aligned."""
-
-    rows: list[FeatureRow]
-    labels: npt.NDArray[np.float32]
-    weights: npt.NDArray[np.float32]
-    video_ids: list[str]
 
 
 class Lookup:
@@ -48,36 +43,62 @@ class Lookup:
         }
 
 
-def build_rows(
-    samples: Sequence[Sample],
+def moment_rows(
+    events: Sequence[Event],
     lookup: Lookup,
-    catalog: CatalogStore,
     activity: ActivityStore,
     history_limit: int,
-) -> LabelledRows:
-    """Feature rows for ``samples`` from the stores' pre-batch state."""
-    users = list(dict.fromkeys(s.event.user_id for s in samples))
-    videos = list(dict.fromkeys(s.event.video_id for s in samples))
-    missing = [v for v in videos if v not in lookup.videos]
-    if missing:  # timed-out impressions from earlier batches
-        lookup.videos.update(zip(missing, catalog.get_many(missing), strict=True))
+) -> list[FeatureRow]:
+    """Feature rows of each event's (user, video) at the event, from the pre-batch state."""
+    users = list(dict.fromkeys(e.user_id for e in events))
+    videos = list(dict.fromkeys(e.video_id for e in events))
     histories: dict[str, tuple[HistoryEntry, ...]] = {
         u: tuple(h[:history_limit]) for u, h in zip(users, activity.histories(users), strict=True)
     }
-    stats: dict[str, VideoStats] = dict(zip(videos, activity.video_stats(videos), strict=True))
+    stats = dict(zip(videos, activity.video_stats(videos), strict=True))
     catalog_of = lookup.videos
-    rows = [
+    return [
         FeatureRow(
-            user_id=s.event.user_id,
-            video_id=s.event.video_id,
-            ts_ms=s.event.ts,
-            video=catalog_of.get(s.event.video_id),
-            context=s.context,
-            history=histories[s.event.user_id],
-            stats=stats[s.event.video_id],
+            user_id=e.user_id,
+            video_id=e.video_id,
+            ts_ms=e.ts,
+            video=catalog_of.get(e.video_id),
+            context=e.context,
+            history=histories[e.user_id],
+            stats=stats[e.video_id],
         )
-        for s in samples
+        for e in events
     ]
-    labels = np.fromiter((s.label for s in samples), np.float32, len(samples))
-    weights = np.fromiter((s.weight for s in samples), np.float32, len(samples))
-    return LabelledRows(rows, labels, weights, [s.event.video_id for s in samples])
+
+
+def featurise(
+    extractor: FeatureExtractor,
+    events: Sequence[Event],
+    lookup: Lookup,
+    activity: ActivityStore,
+    history_limit: int,
+) -> npt.NDArray[np.uint64]:
+    """``(len(events), W)`` packed feature values of each event's moment (pre-batch state)."""
+    if not events:
+        return np.zeros((0, extractor.layout.width), dtype=np.uint64)
+    return extractor.values(moment_rows(events, lookup, activity, history_limit)).packed
+
+
+@dataclass
+class LabelledRows:
+    """Samples' feature values with their labels and loss weights, aligned."""
+
+    values: FeatureValues
+    labels: npt.NDArray[np.float32]
+    weights: npt.NDArray[np.float32]
+    video_ids: list[str]
+
+
+def labelled_rows(samples: Sequence[Sample], layout: ValueLayout) -> LabelledRows:
+    """The training rows of ``samples``, each with the values of its shown moment."""
+    return LabelledRows(
+        values=FeatureValues.stack(layout, [s.values for s in samples]),
+        labels=np.fromiter((s.label for s in samples), np.float32, len(samples)),
+        weights=np.fromiter((s.weight for s in samples), np.float32, len(samples)),
+        video_ids=[s.event.video_id for s in samples],
+    )

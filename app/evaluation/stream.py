@@ -133,8 +133,7 @@ def rating_label_settings() -> dict[str, Any]:
     follow-up events get loss weight 0, so each rating weighs once. The
     impression is joined by its play and yields nothing.
     """
-    return {
-        "positive_watch_ratio": 0.5,
+    return {  # with features.positive_watch_ratio at its default, 0.5
         "short_play_ratio": 0.5,
         "sample_weights": {"finish": 0.0, "like": 0.0, "dislike": 0.0, "share": 0.0},
     }

@@ -129,7 +129,7 @@ class MemoryActivity:
                     old,
                     user_events,
                     durations_ms=durations,
-                    threshold=self.features.watched_ratio_threshold,
+                    threshold=self.features.positive_watch_ratio,
                     length=self.features.history_length,
                 )
                 if new:

@@ -144,7 +144,7 @@ class RedisActivity:
                 old[user_id],
                 user_events,
                 durations_ms=durations,
-                threshold=self.features.watched_ratio_threshold,
+                threshold=self.features.positive_watch_ratio,
                 length=self.features.history_length,
             )
             if new != old[user_id]:

@@ -28,7 +28,7 @@ history, where only the ratio matters and the best one is kept.
 History (per user, newest first, at most ``history_length`` entries, each
 video once): a video enters when
 
-- a play, progress or finish event reaches ``watched_ratio_threshold``; the
+- a play, progress or finish event reaches ``features.positive_watch_ratio``; the
   ratio is ``watch_ms`` over ``event.duration_ms``, else over the catalog's
   duration passed in ``durations_ms``; a finish counts as 1.0 whatever its
   ``watch_ms``; a play or progress with no known duration is not judged

@@ -48,9 +48,6 @@ EVENT_WEIGHTS: dict[EventType, float] = {
 }
 """Trending weight per event type; impressions, progress beats and negatives count 0."""
 
-POSITIVE_WATCH_RATIO = 0.3
-"""A play counts as a positive engagement (co-visitation) from this watch ratio."""
-
 T = TypeVar("T")
 
 RESCALE_EXPONENT = 40.0
@@ -69,15 +66,22 @@ class SignalParams:
     """Co-visited partners kept per video."""
     creator_videos: int = 50
     """Newest uploads kept per creator."""
+    positive_watch_ratio: float = 0.5
+    """A play counts as a positive engagement from this watch ratio
+    (``features.positive_watch_ratio``)."""
 
 
-def is_positive(event: Event) -> bool:
-    """An engagement strong enough to say the two videos go together."""
+def is_positive(event: Event, positive_watch_ratio: float) -> bool:
+    """An engagement strong enough to say the two videos go together.
+
+    A play without a known duration counts: co-visitation only needs to know
+    the user went on to watch it.
+    """
     if event.type in (EventType.FINISH, EventType.LIKE, EventType.SHARE):
         return True
     if event.type == EventType.PLAY:
         ratio = event.watch_ratio()
-        return ratio is None or ratio >= POSITIVE_WATCH_RATIO
+        return ratio is None or ratio >= positive_watch_ratio
     return False
 
 
@@ -98,6 +102,7 @@ def covisit_increments(
     events: Sequence[Event],
     histories: Mapping[str, Sequence[HistoryEntry]] | None,
     window: int,
+    positive_watch_ratio: float = 0.5,
 ) -> dict[tuple[str, str], float]:
     """Pair weights ``(a, b) -> w`` from a batch; both directions are included.
 
@@ -106,7 +111,7 @@ def covisit_increments(
     """
     by_user: dict[str, list[Event]] = defaultdict(list)
     for event in events:
-        if is_positive(event):
+        if is_positive(event, positive_watch_ratio):
             by_user[event.user_id].append(event)
     pairs: dict[tuple[str, str], float] = defaultdict(float)
     for user_id, user_events in by_user.items():

@@ -60,7 +60,9 @@ class MemorySignals:
     ) -> None:
         if not events:
             return
-        pairs = covisit_increments(events, histories, self.params.window)
+        pairs = covisit_increments(
+            events, histories, self.params.window, self.params.positive_watch_ratio
+        )
         with self._lock:
             if self._landmark_ms is None:
                 self._landmark_ms = min(e.ts for e in events)

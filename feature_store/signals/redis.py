@@ -68,7 +68,9 @@ class RedisSignals:
     ) -> None:
         if not events:
             return
-        pairs = covisit_increments(events, histories, self.params.window)
+        pairs = covisit_increments(
+            events, histories, self.params.window, self.params.positive_watch_ratio
+        )
         with signal_errors("record"):
             landmark = self._landmark(min(e.ts for e in events))
             landmark = self._maybe_rescale(landmark, max(e.ts for e in events))

@@ -22,7 +22,6 @@ from trainer.offline import OnlineReplay, build_samples, train_offline
 
 MIN_TS = 946_684_800_000
 RATING_LABELS = {  # rating >= 4, one weighted sample per rating (app.evaluation.stream)
-    "positive_watch_ratio": 0.5,
     "short_play_ratio": 0.5,
     "sample_weights": {"finish": 0.0, "like": 0.0, "dislike": 0.0},
 }
@@ -86,13 +85,14 @@ def test_build_samples_matches_the_online_labels(dataset, tmp_path: Path) -> Non
     events, videos, ratings = dataset
     with open_resources(_settings(tmp_path)) as res:
         res.catalog.upsert(videos)
-        samples, rows = build_samples(res, events, 128)
-    assert len(samples) == len(rows)
+        samples, values = build_samples(res, events, 128)
+    assert len(samples) == len(values)
     weighted = {s.event.event_id: s.label for s in samples if s.weight > 0}
     assert weighted == ratings
     # Features as of each event: a user's first rating sees no history.
-    first = next(r for s, r in zip(samples, rows, strict=True) if s.weight > 0)
-    assert first.history == ()
+    first = next(i for i, s in enumerate(samples) if s.weight > 0)
+    _, lengths = values.multi("history")
+    assert lengths[first] == 0
 
 
 def test_offline_training_early_stops_on_validation(dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
