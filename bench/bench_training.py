@@ -122,7 +122,7 @@ def pipeline_rate(settings: Settings, world: SyntheticWorld, events: list[Any], 
 
 
 def _moments(trainer: Any, chunk: list[Any], lookup: Any, positions: list[int]) -> Any:
-    return trainer.moment_values([chunk[i] for i in positions], lookup)
+    return trainer.moments([chunk[i] for i in positions], lookup)
 
 
 def floor_rate(settings: Settings, world: SyntheticWorld, events: list[Any], batch: int,

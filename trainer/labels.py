@@ -60,6 +60,7 @@ forgotten because newer ones filled the memory resolves early as a negative
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -78,8 +79,20 @@ _NEGATIVE = frozenset({EventType.SKIP, EventType.DISLIKE})
 Packed = npt.NDArray[np.uint64]
 """One row of feature values (:class:`~feature_store.features.values.FeatureValues`)."""
 
-Featurise = Callable[[list[int]], npt.NDArray[np.uint64]]
-"""Given positions in the observed batch, their ``(n, W)`` feature values as of their moment."""
+
+
+class Moments(NamedTuple):
+    """What the joiner's caller knows of shown moments, aligned with the positions asked."""
+
+    values: npt.NDArray[np.uint64]
+    """``(n, W)`` feature values as of each moment."""
+    scores: npt.NDArray[np.float64]
+    """``(n,)`` the model's prediction at each moment (the served score when the service
+    logged one); NaN where none was made: the training step's forward pass scores it."""
+
+
+Featurise = Callable[[list[int]], Moments]
+"""Given positions in the observed batch, what is known of those moments."""
 
 Key = tuple[str, str]
 
@@ -99,14 +112,23 @@ class Sample(NamedTuple):
     """Context of the moment: the event's own, completed by its impression's."""
     values: Packed
     """Feature values as of the moment the video was shown (see the module doc)."""
+    score: float
+    """The model's prediction when the video was shown, NaN if none was made then.
+
+    The prequential metrics use it rather than the score of the step that
+    trains the sample: a negative trains a minute after it was shown, by a
+    model that has since learnt from the same session's positives, and
+    scoring it then would bias the metric (measured on a feed whose
+    engagement is chance: AUC 0.48 instead of 0.50)."""
 
 
 class Shown(NamedTuple):
-    """A remembered impression: when, where, and what its features were."""
+    """A remembered impression: when, where, what its features and its score were."""
 
     impression: Event
     partition: int
     values: Packed
+    score: float
 
 
 class LabelPolicy:
@@ -184,7 +206,7 @@ class Joiner:
             for e in events
         ]
         own = self._own_moments(events, labels)
-        values = featurise(own) if own else None
+        moments = featurise(own) if own else None
         row_of = {position: row for row, position in enumerate(own)}
         samples: list[Sample] = []
         weight_of = self.policy.weight
@@ -195,8 +217,10 @@ class Joiner:
             if pending is None:
                 pending = self._pending[partition] = OrderedDict()
             if event.type is _IMPRESSION:
-                assert values is not None
-                self._remember(key, Shown(event, partition, values[row_of[i]]), samples)
+                assert moments is not None
+                row = row_of[i]
+                shown = Shown(event, partition, moments.values[row], float(moments.scores[row]))
+                self._remember(key, shown, samples)
             else:
                 if key in pending:  # engaged: the impression carries no label of its own
                     del pending[key]
@@ -204,15 +228,18 @@ class Joiner:
                 if label is not None:
                     shown = self._shown.get(key)
                     if shown is None:
-                        assert values is not None
+                        assert moments is not None
                         self.own_moments += 1
-                        samples.append(Sample(event, label, weight_of(event.type),
-                                              event.context, values[row_of[i]]))
+                        row = row_of[i]
+                        samples.append(Sample(
+                            event, label, weight_of(event.type), event.context,
+                            moments.values[row], float(moments.scores[row]),
+                        ))
                     else:
                         context = _merge(event.context, shown.impression.context)
-                        samples.append(
-                            Sample(event, label, weight_of(event.type), context, shown.values)
-                        )
+                        samples.append(Sample(
+                            event, label, weight_of(event.type), context, shown.values, shown.score
+                        ))
             if event.ts > watermark.get(partition, 0):
                 watermark[partition] = event.ts
         samples += self._expire()
@@ -275,7 +302,7 @@ class Joiner:
     def _negative(self, shown: Shown) -> Sample:
         impression = shown.impression
         weight = self.policy.weight(EventType.IMPRESSION)
-        return Sample(impression, 0.0, weight, impression.context, shown.values)
+        return Sample(impression, 0.0, weight, impression.context, shown.values, shown.score)
 
     # --- checkpointing ------------------------------------------------------
 
@@ -284,7 +311,7 @@ class Joiner:
         entries = list(self._shown.items())
         shown = [
             [s.partition, s.impression.model_dump(mode="json", exclude_none=True),
-             key in self._pending[s.partition]]
+             None if np.isnan(s.score) else s.score]
             for key, s in entries
         ]
         values = (
@@ -308,10 +335,11 @@ class Joiner:
         self._shown = OrderedDict()
         self._pending = {}
         self._size = 0
-        for row, (partition, data, _) in enumerate(state.get("shown", [])):
+        for row, (partition, data, score) in enumerate(state.get("shown", [])):
             event = Event.model_validate(data)
             key = (event.user_id, event.video_id)
-            self._shown[key] = Shown(event, int(partition), values[row])
+            shown_score = math.nan if score is None else float(score)
+            self._shown[key] = Shown(event, int(partition), values[row], shown_score)
         for partition, keys in state.get("pending_order", {}).items():
             pending = self._pending.setdefault(int(partition), OrderedDict())
             for user, video in keys:

@@ -56,7 +56,8 @@ from prometheus_client import CollectorRegistry
 
 from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
-from feature_store.events import Event
+from feature_store.events import Event, EventType
+from feature_store.features.values import FeatureValues
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries
 from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, SHOWN_FILE, STATE_FILE, Checkpointer
@@ -64,7 +65,7 @@ from trainer.dedupe import DedupeWindow, id_hash
 from trainer.distributed import open_group_sync
 from trainer.export import publish
 from trainer.fetch import IDLE, Fetcher
-from trainer.labels import Joiner, LabelPolicy, Sample
+from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.samples import Lookup, featurise, labelled_rows
@@ -238,8 +239,8 @@ class OnlineTrainer:
         partitions = [records[i].partition for i in fresh]
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
 
-        def moments(positions: list[int]) -> np.ndarray:
-            return self.moment_values([events[i] for i in positions], lookup)
+        def moments(positions: list[int]) -> Moments:
+            return self.moments([events[i] for i in positions], lookup)
 
         # observe calls moments before it changes any state: a retry is clean.
         samples = self._retry(
@@ -270,11 +271,19 @@ class OnlineTrainer:
             time.perf_counter() - started,
         )
 
-    def moment_values(self, events: list[Event], lookup: Lookup) -> np.ndarray:
-        """Packed feature values of ``events``' moments, from the stores' pre-batch state."""
-        return featurise(
+    def moments(self, events: list[Event], lookup: Lookup) -> Moments:
+        """Feature values of ``events``' moments (the stores' pre-batch state) and, for
+        impressions, the current model's score: the prediction as the video was shown."""
+        values = featurise(
             self.trainer.extractor, events, lookup, self.resources.activity, self.history_limit
         )
+        scores = np.full(len(events), np.nan)
+        shown = [i for i, e in enumerate(events) if e.type is EventType.IMPRESSION]
+        if shown:
+            batch = FeatureValues(self.trainer.extractor.layout, values[shown]).to_batch()
+            with self._lock:
+                scores[shown] = self.trainer.score(batch)
+        return Moments(values, scores)
 
     def _train_samples(self, samples: list[Sample]) -> int:
         """One training step over ``samples``; returns the batch's unique key count."""
@@ -287,14 +296,16 @@ class OnlineTrainer:
         def attempt() -> int:
             with self._lock:
                 result = self.trainer.step(batch, rows.labels, rows.weights)
+            # Scored as shown where known (see Sample.score), else by this step's forward.
+            scores = np.where(np.isnan(rows.shown_scores), result.scores, rows.shown_scores)
             self.metrics.observe_scores(
                 rows.video_ids,
-                result.scores,
+                scores,
                 rows.labels.astype(np.float64),
                 rows.weights.astype(np.float64),
             )
             if self.on_scored is not None:
-                self.on_scored(samples, result.scores)
+                self.on_scored(samples, scores)
             return result.unique_keys
 
         return self._retry(attempt)

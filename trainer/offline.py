@@ -38,7 +38,7 @@ from feature_store.features.extract import FeatureExtractor
 from feature_store.features.values import FeatureValues
 from feature_store.quality import roc_auc
 from feature_store.runtime import Resources
-from trainer.labels import Joiner, LabelPolicy, Sample
+from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.loop import OnlineTrainer
 from trainer.model import WideDeep
 from trainer.samples import Lookup, featurise, labelled_rows
@@ -133,8 +133,9 @@ def _moments(
     activity: ActivityStore,
     history_limit: int,
     positions: list[int],
-) -> np.ndarray:
-    return featurise(extractor, [chunk[i] for i in positions], lookup, activity, history_limit)
+) -> Moments:
+    values = featurise(extractor, [chunk[i] for i in positions], lookup, activity, history_limit)
+    return Moments(values, np.full(len(positions), np.nan))  # scored by the epochs, not here
 
 
 def _score(trainer: Trainer, values: FeatureValues) -> np.ndarray:

@@ -92,6 +92,8 @@ class LabelledRows:
     labels: npt.NDArray[np.float32]
     weights: npt.NDArray[np.float32]
     video_ids: list[str]
+    shown_scores: npt.NDArray[np.float64]
+    """The model's prediction as each sample's video was shown (NaN: not made then)."""
 
 
 def labelled_rows(samples: Sequence[Sample], layout: ValueLayout) -> LabelledRows:
@@ -101,4 +103,5 @@ def labelled_rows(samples: Sequence[Sample], layout: ValueLayout) -> LabelledRow
         labels=np.fromiter((s.label for s in samples), np.float32, len(samples)),
         weights=np.fromiter((s.weight for s in samples), np.float32, len(samples)),
         video_ids=[s.event.video_id for s in samples],
+        shown_scores=np.fromiter((s.score for s in samples), np.float64, len(samples)),
     )

@@ -62,7 +62,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture()
 def store(backend: str, open_store: OpenActivity) -> ActivityStore:
-    """Defaults: history of 50, watched from a ratio of 0.3."""
+    """Defaults: history of 50, watched (a positive) from a ratio of 0.5."""
     return open_store(backend)
 
 
@@ -91,7 +91,7 @@ def test_history_is_newest_first(store: ActivityStore) -> None:
 
 def test_rewatch_moves_to_front_and_keeps_best_ratio(store: ActivityStore) -> None:
     store.record([watch("a", 0.9, 1_000), watch("b", 0.5, 2_000)])
-    store.record([watch("a", 0.4, 3_000)])
+    store.record([watch("a", 0.6, 3_000)])
 
     first, second = store.history("u1")
     assert (first.video_id, first.watch_ratio, first.ts) == ("a", 0.9, 3_000)
@@ -116,8 +116,8 @@ def test_history_is_capped_at_history_length(backend: str, open_store: OpenActiv
 def test_only_plays_over_the_threshold_are_watched(store: ActivityStore) -> None:
     store.record(
         [
-            watch("short", 0.29, 1_000),
-            watch("exact", 0.3, 1_001),
+            watch("short", 0.49, 1_000),
+            watch("exact", 0.5, 1_001),
             make_event(video_id="no-length", type="play", duration_ms=None, ts=1_002),
             make_event(video_id="catalog-length", duration_ms=None, watch_ms=40_000, ts=1_003),
             make_event(video_id="finished", type="finish", watch_ms=1, ts=1_004),
@@ -128,7 +128,7 @@ def test_only_plays_over_the_threshold_are_watched(store: ActivityStore) -> None
     )
 
     history = {entry.video_id: entry.watch_ratio for entry in store.history("u1")}
-    assert history == {"exact": 0.3, "catalog-length": 0.8, "finished": 1.0, "progressed": 0.6}
+    assert history == {"exact": 0.5, "catalog-length": 0.8, "finished": 1.0, "progressed": 0.6}
 
 
 def test_likes_and_shares_add_and_negative_signals_remove_nothing(store: ActivityStore) -> None:

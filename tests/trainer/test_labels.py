@@ -8,7 +8,7 @@ import pytest
 from feature_store.events import Event, EventContext
 from feature_store.settings import TrainerSettings
 from tests.factories import make_event
-from trainer.labels import Joiner, LabelPolicy, Sample
+from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 
 SETTINGS = TrainerSettings(short_play_ratio=0.1)
 POSITIVE = 0.5
@@ -22,9 +22,10 @@ def observe(joiner: Joiner, events: list[Event], partitions: list[int]) -> list[
     """``joiner.observe`` whose feature values name the moment: the event's own timestamp."""
     asked: list[list[int]] = []
 
-    def moments(positions: list[int]) -> np.ndarray:
+    def moments(positions: list[int]) -> Moments:
         asked.append(positions)
-        return np.array([[events[i].ts] for i in positions], dtype=np.uint64)
+        values = np.array([[events[i].ts] for i in positions], dtype=np.uint64)
+        return Moments(values, np.full(len(positions), 0.25))
 
     samples = joiner.observe(events, partitions, {}, moments)
     assert len(asked) <= 1  # one read of the stores per batch
@@ -193,9 +194,9 @@ def test_only_shown_moments_are_featurised() -> None:
               make_event(type="progress", video_id="b", watch_ms=1_000)]
     asked: list[list[int]] = []
 
-    def moments(positions: list[int]) -> np.ndarray:
+    def moments(positions: list[int]) -> Moments:
         asked.append(positions)
-        return np.zeros((len(positions), 1), np.uint64)
+        return Moments(np.zeros((len(positions), 1), np.uint64), np.zeros(len(positions)))
 
     joiner.observe(events, [0] * 4, {}, moments)
     assert asked == [[0]]
@@ -206,7 +207,7 @@ def test_a_failed_featurisation_leaves_the_joiner_unchanged() -> None:
     joiner = _joiner()
     imp = make_event(type="impression", video_id="a")
 
-    def broken(positions: list[int]) -> np.ndarray:
+    def broken(positions: list[int]) -> Moments:
         raise ConnectionError("redis down")
 
     with pytest.raises(ConnectionError):
