@@ -90,6 +90,13 @@ class Metrics:
         self.model_warmup_seconds = Gauge(
             "vidrec_model_warmup_seconds", "Warm-up time of the serving model", registry=r
         )
+        self.served_log_records = Counter(
+            "vidrec_served_log_records",
+            "Model-ranked responses for the served log, by outcome (written; dropped: the "
+            "writer's queue was full; failed: the log was unavailable)",
+            ["outcome"],
+            registry=r,
+        )
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)

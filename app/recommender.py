@@ -37,6 +37,7 @@ from app.metrics import Metrics
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
 from app.scoring.scorer import Scorer
+from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
@@ -93,6 +94,7 @@ class Recommender:
         settings: ApiSettings,
         max_id_length: int,
         clock: Callable[[], float] = time.time,
+        served_log: ServedLogWriter | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -104,6 +106,8 @@ class Recommender:
         self.metrics = metrics
         self.settings = settings
         self.max_id_length = max_id_length
+        self.served_log = served_log
+        """Where model-ranked responses are logged (None: not logged)."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""
@@ -170,11 +174,17 @@ class Recommender:
         reason = None if known or request.candidates is not None else "unknown_user"
         if model is None:
             scores = 1.0 / (1.0 + np.arange(len(ids), dtype=np.float32))
-            return self._respond(ids, sources, scores, count, None, "no_model", zero=True)
-        scores = self.scorer.score_rows(
+            return self._respond(ids, sources, scores, count, None, "no_model", zero=True)[0]
+        scores, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, rows
         )
-        return self._respond(ids, sources, scores, count, model.version, reason)
+        response, order = self._respond(ids, sources, scores, count, model.version, reason)
+        if self.served_log is not None and features is not None:
+            self.served_log.record(Served(
+                response.recommendation_id, request.user_id, now_ms, model.version,
+                request.context, ids, sources, scores, order, features,
+            ))
+        return response
 
     def _respond(
         self,
@@ -186,7 +196,8 @@ class Recommender:
         reason: str | None,
         zero: bool = False,
         degraded: bool = False,
-    ) -> RecommendResponse:
+    ) -> tuple[RecommendResponse, np.ndarray]:
+        """The response's top ``count`` items, and their rows in ``ids`` (best first)."""
         k = min(count, len(ids))
         if k < len(ids):
             top = np.argpartition(-scores, k - 1)[:k]
@@ -195,7 +206,7 @@ class Recommender:
             order = np.argsort(-scores, kind="stable")
         top_scores = np.zeros(len(order)) if zero else scores[order]
         # Plain dicts validated in one pydantic-core call: 3x cheaper than 20 model objects.
-        return RecommendResponse.model_validate(
+        response = RecommendResponse.model_validate(
             {
                 "recommendation_id": uuid.uuid4().hex,
                 "model_version": version,
@@ -208,6 +219,7 @@ class Recommender:
                 "degraded": degraded,
             }
         )
+        return response, order
 
     def _degraded(
         self,

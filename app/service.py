@@ -22,8 +22,10 @@ from app.recommender import PopularList, PopularRefresher, Recommender
 from app.scoring.onnx_model import LoadedModel, ModelHolder, ModelLoadError, load_model
 from app.scoring.scorer import Scorer
 from app.scoring.video_table import video_source
+from app.served_log import ServedLogWriter
 from app.signal_feed import SignalFeed, run_signal_feed
 from feature_store.events import EventValidator
+from feature_store.features.values import layout_of
 from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
 
@@ -107,6 +109,13 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     )
     retriever = Retriever(resources.catalog, signals, api, reads.videos)
     popular = PopularList(retriever, api.max_candidates, api.fallback_refresh_s)
+    served_log = (
+        ServedLogWriter(
+            resources.served_log, settings.served_log, layout_of(resources.schema), metrics
+        )
+        if resources.served_log is not None
+        else None
+    )
     recommender = Recommender(
         resources.activity,
         retriever,
@@ -116,6 +125,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         metrics,
         api,
         settings.limits.max_id_length,
+        served_log=served_log,
     )
     service = Service(
         resources=resources,
@@ -130,6 +140,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         validator=EventValidator(settings.limits),
     )
     with ExitStack() as stack:
+        if served_log is not None:
+            stack.enter_context(served_log)
         holder.start()
         stack.callback(holder.close)
         if api.signal_feed:

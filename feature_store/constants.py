@@ -86,6 +86,16 @@ def dead_letter_topic(namespace: str) -> str:
     return f"{namespace}.events.dlq.{LAYOUT_VERSION}"
 
 
+def served_topic(namespace: str) -> str:
+    """What the service recommended and the features it scored, keyed by user_id."""
+    return f"{namespace}.served.{LAYOUT_VERSION}"
+
+
+def served_dead_letter_topic(namespace: str) -> str:
+    """Served-log records that failed to decode, with the reason in headers."""
+    return f"{namespace}.served.dlq.{LAYOUT_VERSION}"
+
+
 def control_topic(namespace: str) -> str:
     """Operator commands to trainers and their acknowledgements."""
     return f"{namespace}.control.{LAYOUT_VERSION}"

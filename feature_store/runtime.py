@@ -51,6 +51,9 @@ class Resources:
     tables: dict[str, SparseTable]
     """Embedding tables by name plus the wide table (``WIDE_TABLE``)."""
     redis_client: redis.Redis | None = None
+    served_log: EventLog | None = None
+    """The served log (what the service recommended, with the features it scored), beside
+    the event log; None when ``served_log.enabled`` is off."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Components added by later layers (e.g. candidate signals), closed in reverse."""
 
@@ -100,6 +103,8 @@ class Resources:
             table.close()
         self.activity.close()
         self.catalog.close()
+        if self.served_log is not None:
+            self.served_log.close()
         self.event_log.close()
         if self.redis_client is not None:
             self.redis_client.close()
@@ -282,6 +287,11 @@ def open_resources(
             for spec in table_specs(schema, settings)
         },
         redis_client=client,
+        served_log=(
+            open_event_log(settings, data_dir=data_dir / "eventlog", stream="served")
+            if settings.served_log.enabled
+            else None
+        ),
     )
     try:
         resources.restore()

@@ -67,6 +67,31 @@ class EventLogSettings(_Section):
     """A record larger than this is dead-lettered without being decoded."""
 
 
+class ServedLogSettings(_Section):
+    """The served log: what the service recommended and the features it scored
+    (:mod:`feature_store.served`), joined by the trainer to the events that follow."""
+
+    enabled: bool = True
+    """Log every model-ranked response. Off: the trainer featurises impressions from the
+    stores as they arrive (still point in time, but recomputed rather than as scored)."""
+    max_items: int = Field(50, ge=1, le=10_000)
+    """Items of a response logged (its top ones): impressions of lower items are
+    featurised from the stores when they arrive."""
+    queue_records: int = Field(10_000, ge=1)
+    """Responses waiting in the service for the log writer; beyond, new ones are dropped and
+    counted (``vidrec_served_log_records_total{outcome="dropped"}``): logging never slows or
+    fails a recommend."""
+    memory_retention_records: int = Field(100_000, ge=1000)
+    """Records kept per partition by the in-process log (a record is needed only until its
+    impressions arrive)."""
+    kafka_retention_ms: int = Field(24 * 3600 * 1000, ge=60_000)
+    """``retention.ms`` of the served topic when vidrec creates it."""
+    join_window_ms: int = Field(15 * 60 * 1000, ge=1000)
+    """How long (log time) the trainer keeps a served record for its impressions to join."""
+    join_max_records: int = Field(200_000, ge=1)
+    """Served records the trainer holds at most (oldest forgotten first)."""
+
+
 class EventLimits(_Section):
     """Limits applied to every incoming event (HTTP and stream alike)."""
 
@@ -354,6 +379,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     kafka: KafkaSettings = KafkaSettings()
     event_log: EventLogSettings = EventLogSettings()
+    served_log: ServedLogSettings = ServedLogSettings()
     limits: EventLimits = EventLimits()
     sparse: SparseSettings = SparseSettings()
     stores: StoreSettings = StoreSettings()

@@ -236,7 +236,7 @@ class Joiner:
                             moments.values[row], float(moments.scores[row]),
                         ))
                     else:
-                        context = _merge(event.context, shown.impression.context)
+                        context = merge_context(event.context, shown.impression.context)
                         samples.append(Sample(
                             event, label, weight_of(event.type), context, shown.values, shown.score
                         ))
@@ -352,7 +352,7 @@ class Joiner:
         self.own_moments = int(state.get("own_moments", 0))
 
 
-def _merge(own: EventContext, shown: EventContext | None) -> EventContext:
+def merge_context(own: EventContext, shown: EventContext | None) -> EventContext:
     """``own`` with its missing fields taken from the impression's context.
 
     Decided on the set fields, not with ``==``: pydantic's equality costs

@@ -69,6 +69,7 @@ from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.samples import Lookup, featurise, labelled_rows
+from trainer.served import ServedJoin
 from trainer.step import Trainer
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,18 @@ class OnlineTrainer:
         self.history_limit = settings.features.history_in_model
         self.positions: dict[int, int] = {}
         """Next offset per partition after the last trained batch."""
+        self.log_times: dict[int, int] = {}
+        """Log time (ms) of the newest record trained per partition: where a restarted
+        trainer resumes reading the served log (minus its join window)."""
+        self.served = (
+            ServedJoin(resources.served_log, settings.served_log, self.trainer.extractor)
+            if resources.served_log is not None
+            else None
+        )
+        """The served log's index (:mod:`trainer.served`), when there is a served log."""
+        self._served_aligned: bool | None = None
+        """Whether the served topic has the events topic's partition count (then this
+        trainer reads only the served partitions of its own users)."""
         self.seq = 0
         """Sequence number of the last checkpoint written or loaded."""
         self._trained_ids: list[str] = []
@@ -190,6 +203,7 @@ class OnlineTrainer:
         )
         self._fetcher = fetcher
         fetcher.start()
+        self._follow_served(consumer, fetcher)
         self.state = "running"
         try:
             while not self._stop.is_set():
@@ -219,6 +233,8 @@ class OnlineTrainer:
             finally:
                 self._fail_requests()
                 self.trainer.close()
+                if self.served is not None:
+                    self.served.close()
                 consumer.close()
                 if self.group is not None:  # scale-out: peers stop averaging with this copy
                     self.group.leave()
@@ -238,6 +254,11 @@ class OnlineTrainer:
         events = [records[i].event for i in fresh]
         partitions = [records[i].partition for i in fresh]
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
+        if self.served is not None and records:
+            if self._fetcher is not None:
+                self._follow_served(self._fetcher.consumer, self._fetcher)
+            newest = max(r.log_ts for r in records)
+            self._retry(lambda: self.served.catch_up(newest))  # type: ignore[union-attr]
 
         def moments(positions: list[int]) -> Moments:
             return self.moments([events[i] for i in positions], lookup)
@@ -254,6 +275,8 @@ class OnlineTrainer:
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
                 self.positions[r.partition] = r.offset + 1
+            if r.log_ts > self.log_times.get(r.partition, 0):
+                self.log_times[r.partition] = r.log_ts
         ids = [e.event_id for e in events]
         if self.durable_sparse and ids:
             with open(self.root / JOURNAL_FILE, "a") as fh:
@@ -272,18 +295,52 @@ class OnlineTrainer:
         )
 
     def moments(self, events: list[Event], lookup: Lookup) -> Moments:
-        """Feature values of ``events``' moments (the stores' pre-batch state) and, for
-        impressions, the current model's score: the prediction as the video was shown."""
-        values = featurise(
-            self.trainer.extractor, events, lookup, self.resources.activity, self.history_limit
-        )
+        """What is known of ``events``' moments (:class:`~trainer.labels.Moments`).
+
+        Impressions the service logged take the values and score they were
+        served with (:mod:`trainer.served`); every other moment is featurised
+        from the stores' pre-batch state, and other impressions are scored by
+        the current model: the prediction as the video was shown.
+        """
+        layout = self.trainer.extractor.layout
+        values = np.zeros((len(events), layout.width), dtype=np.uint64)
         scores = np.full(len(events), np.nan)
         shown = [i for i, e in enumerate(events) if e.type is EventType.IMPRESSION]
-        if shown:
-            batch = FeatureValues(self.trainer.extractor.layout, values[shown]).to_batch()
+        served: list[int] = []
+        if self.served is not None and shown:
+            found, served_values, served_scores = self.served.moments([events[i] for i in shown])
+            served = [shown[i] for i in found]
+            values[served] = served_values
+            scores[served] = served_scores
+        rest = sorted(set(range(len(events))) - set(served))
+        if rest:
+            values[rest] = featurise(
+                self.trainer.extractor,
+                [events[i] for i in rest],
+                lookup,
+                self.resources.activity,
+                self.history_limit,
+            )
+        unscored = sorted(set(shown) - set(served))
+        if unscored:
+            batch = FeatureValues(layout, values[unscored]).to_batch()
             with self._lock:
-                scores[shown] = self.trainer.score(batch)
+                scores[unscored] = self.trainer.score(batch)
         return Moments(values, scores)
+
+    def _follow_served(self, consumer: EventConsumer, fetcher: Fetcher) -> None:
+        """Read the served partitions of the events partitions this trainer owns now."""
+        served = self.served
+        if served is None:
+            return
+        if self._served_aligned is None:
+            served_log = self.resources.served_log
+            assert served_log is not None
+            events = self.resources.event_log.partition_count()
+            self._served_aligned = served_log.partition_count() == events
+        assignment = fetcher.call(consumer.assignment)
+        resume = min((self.log_times[p] for p in assignment if p in self.log_times), default=None)
+        served.follow(assignment if self._served_aligned else None, resume)
 
     def _train_samples(self, samples: list[Sample]) -> int:
         """One training step over ``samples``; returns the batch's unique key count."""
@@ -451,6 +508,7 @@ class OnlineTrainer:
                 "created_at_ms": int(time.time() * 1000),
                 "schema_hash": self.schema.schema_hash(),
                 "positions": {str(p): o for p, o in positions.items()},
+                "log_times": {str(p): t for p, t in self.log_times.items()},
                 "events_total": self.metrics.events_total,
                 "samples_total": self.metrics.samples_total,
                 "batches_total": self.metrics.batches_total,
@@ -504,6 +562,7 @@ class OnlineTrainer:
                 self.resources.activity.restore(directory / "activity")
             state = json.loads((directory / STATE_FILE).read_text())
             self.positions = {int(p): int(o) for p, o in state["positions"].items()}
+            self.log_times = {int(p): int(t) for p, t in state.get("log_times", {}).items()}
             shown_file = directory / SHOWN_FILE
             shown = np.load(shown_file) if shown_file.is_file() else np.zeros((0, 0), np.uint64)
             self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
@@ -556,6 +615,7 @@ class OnlineTrainer:
             "last_error": self.last_error,
             "metrics": self.last_point,
             "group": None if self.group is None else self.group.status(),
+            "served": None if self.served is None else self.served.status(),
         }
 
 

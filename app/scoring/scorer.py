@@ -125,13 +125,14 @@ class Scorer:
         context: EventContext,
         history: Sequence[HistoryEntry],
         rows: Indices,
-    ) -> npt.NDArray[np.float32]:
-        """:meth:`score` for rows of this thread's video table (from :meth:`select`)."""
+    ) -> tuple[npt.NDArray[np.float32], BatchFeatures | None]:
+        """:meth:`score` for rows of this thread's video table (from :meth:`select`), with
+        the features scored (None for no rows), which the served log records."""
         if not len(rows):
-            return np.zeros(0, dtype=np.float32)
+            return np.zeros(0, dtype=np.float32), None
         t0 = time.perf_counter()
         batch = self.extractor.extract_rows(user_id, ts_ms, context, history, rows)
-        return self._pull_and_run(model, batch, t0)
+        return self._pull_and_run(model, batch, t0), batch
 
     def score(
         self,

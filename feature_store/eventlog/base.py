@@ -30,9 +30,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from feature_store.events import Event
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,20 @@ class Position:
 
 
 @dataclass(frozen=True)
-class ConsumedEvent:
-    """A valid event with where it came from."""
+class ConsumedRecord(Generic[T]):
+    """A valid item of a stream with where it came from."""
 
-    event: Event
+    event: T
+    """The decoded item: an :class:`Event` on the event log, a served record on the
+    served log (:mod:`feature_store.served`)."""
     partition: int
     offset: int
     log_ts: int
     """Time the log stored the record, ms since epoch."""
+
+
+ConsumedEvent = ConsumedRecord[Event]
+"""A valid event with where it came from."""
 
 
 @dataclass(frozen=True)
@@ -134,8 +142,9 @@ class EventConsumer(Protocol):
 class EventLog(Protocol):
     """Producer side plus a factory of consumers. Use as a context manager."""
 
-    def produce(self, events: Sequence[Event]) -> None:
-        """Append events, keyed by ``user_id``; returns once they are durable."""
+    def produce(self, events: Sequence[Any]) -> None:
+        """Append items of the log's stream (:class:`Event` for the event log), keyed by
+        ``user_id``; returns once they are durable."""
         ...
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
@@ -143,8 +152,15 @@ class EventLog(Protocol):
         ...
 
     def consumer(self, group_id: str) -> EventConsumer:
-        """A new member of ``group_id`` reading the events topic."""
+        """A new member of ``group_id`` reading the log's topic."""
         ...
+
+    def reader(self, partitions: Sequence[int] | None = None) -> EventConsumer:
+        """A consumer of ``partitions`` (default: all) in no group, from their start; it
+        keeps its own positions (``commit`` raises :class:`~feature_store.errors.Conflict`)."""
+        ...
+
+    def partition_count(self) -> int: ...
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The oldest ``limit`` dead-lettered records."""

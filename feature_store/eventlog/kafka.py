@@ -47,16 +47,11 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
-from feature_store.constants import (
-    DLQ_REASON_HEADER,
-    DLQ_SOURCE_HEADER,
-    dead_letter_topic,
-    events_topic,
-)
+from feature_store.constants import DLQ_REASON_HEADER, DLQ_SOURCE_HEADER
 from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog.base import ConsumedEvent, DeadLetter, Position
-from feature_store.eventlog.codec import BadRecord, RecordDecoder, event_key, source_of
-from feature_store.events import Event, encode_event
+from feature_store.eventlog.codec import BadRecord, source_of
+from feature_store.eventlog.streams import StreamSpec, stream_spec
 from feature_store.settings import Settings
 
 DEAD_LETTER_PARTITIONS = 1
@@ -88,11 +83,13 @@ class KafkaEventLog:
     ``kafka.request_timeout_ms``.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, stream: StreamSpec | None = None) -> None:
         self.settings = settings
-        self.topic = events_topic(settings.event_log.topic_namespace)
-        self.dead_letter_topic = dead_letter_topic(settings.event_log.topic_namespace)
-        self._decoder = RecordDecoder(settings.limits, settings.event_log.max_record_bytes)
+        stream = stream or stream_spec(settings, "events")
+        self.stream = stream
+        self.topic = stream.topic
+        self.dead_letter_topic = stream.dead_letter_topic
+        self._codec = stream.codec
         self._timeout_s = settings.kafka.request_timeout_ms / 1000
         self._producer: KafkaProducer | None = None
         self._probe: KafkaConsumer | None = None
@@ -151,7 +148,12 @@ class KafkaEventLog:
         admin = KafkaAdminClient(**self.client_config())
         try:
             wanted = [
-                NewTopic(self.topic, kafka.partitions, kafka.replication_factor),
+                NewTopic(
+                    self.topic,
+                    kafka.partitions,
+                    kafka.replication_factor,
+                    topic_configs=dict(self.stream.topic_config),
+                ),
                 NewTopic(self.dead_letter_topic, DEAD_LETTER_PARTITIONS, kafka.replication_factor),
             ]
             for topic in wanted:
@@ -207,8 +209,10 @@ class KafkaEventLog:
 
     # --- producing -------------------------------------------------------
 
-    def produce(self, events: Sequence[Event]) -> None:
-        self._send([(self.topic, event_key(event), encode_event(event), None) for event in events])
+    def produce(self, events: Sequence[Any]) -> None:
+        """Append items of this log's stream (events, or served records); waits for acks."""
+        codec = self._codec
+        self._send([(self.topic, codec.key(item), codec.encode(item), None) for item in events])
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
         self._send([(self.topic, key, value, None)])
@@ -252,6 +256,25 @@ class KafkaEventLog:
         consumer = KafkaEventConsumer(self, group_id)
         self._consumers.append(consumer)
         return consumer
+
+    def reader(self, partitions: Sequence[int] | None = None) -> KafkaEventConsumer:
+        """A consumer of ``partitions`` (default: all) in no group, from their start.
+
+        It commits nothing; it is for readers that keep their own positions,
+        such as the trainer following the served log beside its events.
+        """
+        self._ready_producer()
+        chosen = (
+            [tp.partition for tp in self._partitions(self.topic)]
+            if partitions is None
+            else list(partitions)
+        )
+        consumer = KafkaEventConsumer(self, None, chosen)
+        self._consumers.append(consumer)
+        return consumer
+
+    def partition_count(self) -> int:
+        return len(self._partitions(self.topic))
 
     def _forget(self, consumer: KafkaEventConsumer) -> None:
         if consumer in self._consumers:
@@ -376,9 +399,12 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class KafkaEventConsumer:
-    """One member of a Kafka consumer group on the events topic (one thread at a time)."""
+    """One member of a Kafka consumer group on a stream's topic (one thread at a time), or,
+    without a group, a reader of fixed partitions (:meth:`KafkaEventLog.reader`)."""
 
-    def __init__(self, log: KafkaEventLog, group_id: str) -> None:
+    def __init__(
+        self, log: KafkaEventLog, group_id: str | None, partitions: list[int] | None = None
+    ) -> None:
         self._log = log
         self.group_id = group_id
         kafka = log.settings.kafka
@@ -397,7 +423,13 @@ class KafkaEventConsumer:
                 heartbeat_interval_ms=kafka.heartbeat_interval_ms,
                 max_poll_interval_ms=kafka.max_poll_interval_ms,
             )
-            self._consumer.subscribe([log.topic], listener=_Rebalance(self))
+            if group_id is None:
+                fixed = [TopicPartition(log.topic, p) for p in partitions or []]
+                self._consumer.assign(fixed)
+                if fixed:
+                    self._consumer.seek_to_beginning(*fixed)
+            else:
+                self._consumer.subscribe([log.topic], listener=_Rebalance(self))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -435,7 +467,7 @@ class KafkaEventConsumer:
     ) -> tuple[list[ConsumedEvent], list[DeadLetter]]:
         events: list[ConsumedEvent] = []
         dead: list[DeadLetter] = []
-        decoder = self._log._decoder
+        decoder = self._log._codec
         for tp, records in batches.items():
             floor = self._floors.get(tp.partition)
             for record in records:
@@ -478,6 +510,8 @@ class KafkaEventConsumer:
 
     def commit(self, positions: Sequence[Position] | None = None) -> None:
         self._check_open()
+        if self.group_id is None:
+            raise Conflict("a reader in no group commits nothing; it keeps its own positions")
         with _kafka_errors("commit"):
             if positions is None:
                 self._consumer.commit(timeout_ms=self._log._timeout_ms)
@@ -490,6 +524,8 @@ class KafkaEventConsumer:
 
     def committed(self) -> list[Position]:
         self._check_open()
+        if self.group_id is None:
+            return []
         positions = []
         with _kafka_errors("committed"):
             for tp in self._assigned():

@@ -1,14 +1,15 @@
 """The in-process event log: the embedded default, shaped like a Kafka topic.
 
 Records are kept as encoded bytes with the time the log stored them, and
-decoded on consume by the same :class:`~feature_store.eventlog.codec.RecordDecoder`
+decoded on consume by the same stream codec (:mod:`feature_store.eventlog.codec`)
 as the Kafka backend, so poisoned records behave identically. One shortcut,
-because producer and consumers share the process: an event produced as an
-:class:`~feature_store.events.Event` that passes the decoder's checks at
-produce time (size and limits; the limits only get easier with time) is
-also kept as that object for the newest :data:`DECODED_WINDOW` records of
-its partition, and handed to consumers as is instead of being decoded again
-(decoding was a fifth of the embedded trainer's time per batch). Consumer groups
+because producer and consumers share the process: an item produced as an
+object that passes the codec's checks at produce time (size and limits; the
+limits only get easier with time) is also kept as that object for the newest
+:data:`DECODED_WINDOW` records of its partition, and handed to consumers as
+is instead of being decoded again (decoding was a fifth of the embedded
+trainer's time per batch). The same class carries the served log
+(:mod:`feature_store.eventlog.streams`). Consumer groups
 split partitions among their live members (range assignment, rebalanced at
 once when a member joins or leaves), commits are manual, and ``poll`` blocks
 on a condition variable until records arrive or the timeout passes.
@@ -37,17 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
-from feature_store.constants import events_topic
-from feature_store.errors import Conflict, EventLogUnavailable, InvalidInput
+from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog.base import ConsumedEvent, DeadLetter, Position
-from feature_store.eventlog.codec import (
-    BadRecord,
-    RecordDecoder,
-    event_key,
-    partition_for,
-    source_of,
-)
+from feature_store.eventlog.codec import BadRecord, partition_for, source_of
 from feature_store.eventlog.segments import (
     DeadLetterFile,
     PartitionFiles,
@@ -57,7 +52,7 @@ from feature_store.eventlog.segments import (
     read_json,
     write_json_atomic,
 )
-from feature_store.events import Event, encode_event
+from feature_store.eventlog.streams import StreamSpec, stream_spec
 from feature_store.settings import Settings
 
 
@@ -66,7 +61,7 @@ def _now_ms() -> int:
 
 
 DECODED_WINDOW = 16_384
-"""Newest records per partition whose produced :class:`Event` is kept (about 1 KB each)."""
+"""Newest records per partition whose produced object is kept (about 1 KB an event)."""
 
 
 class _Partition:
@@ -81,7 +76,7 @@ class _Partition:
         self.retention = retention
         self.files = files
         self.records: list[StoredRecord] = []
-        self.decoded: list[Event | None] = []
+        self.decoded: list[Any] = []
         """Per record, the produced event when kept (see the module docstring)."""
         self.timestamps: list[int] = []
         """Log times of ``records``, non-decreasing, for binary search by time."""
@@ -110,7 +105,7 @@ class _Partition:
         return max(1, self.retention // 16)
 
     def append(
-        self, key: bytes | None, value: bytes, now_ms: int, event: Event | None = None
+        self, key: bytes | None, value: bytes, now_ms: int, event: Any = None
     ) -> StoredRecord:
         last = self.timestamps[-1] if self.timestamps else 0
         record = StoredRecord(self.end, max(now_ms, last), key, value)
@@ -137,7 +132,7 @@ class _Partition:
         if persist and self.files is not None:
             self.files.drop_before(self.start)
 
-    def read(self, offset: int, limit: int) -> tuple[list[StoredRecord], list[Event | None]]:
+    def read(self, offset: int, limit: int) -> tuple[list[StoredRecord], list[Any]]:
         """Records from ``offset`` and, per record, its kept event (or None)."""
         index = max(offset, self.start) - self.start
         return self.records[index : index + limit], self.decoded[index : index + limit]
@@ -165,12 +160,16 @@ class MemoryEventLog:
     (a changed count is refused on reopen).
     """
 
-    def __init__(self, settings: Settings, directory: Path | None = None) -> None:
+    def __init__(
+        self, settings: Settings, directory: Path | None = None, stream: StreamSpec | None = None
+    ) -> None:
         config = settings.event_log
-        self.topic = events_topic(config.topic_namespace)
+        stream = stream or stream_spec(settings, "events")
+        self.stream = stream
+        self.topic = stream.topic
         self.directory = directory
-        self._decoder = RecordDecoder(settings.limits, config.max_record_bytes)
-        self._retention = config.memory_retention_records
+        self._codec = stream.codec
+        self._retention = stream.memory_retention_records
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         """Notified when records arrive, assignments change, or the log closes."""
@@ -267,25 +266,22 @@ class MemoryEventLog:
 
     # --- producing -------------------------------------------------------
 
-    def produce(self, events: Sequence[Event]) -> None:
-        items: list[tuple[bytes | None, bytes, Event | None]] = []
-        limit, check = self._decoder.max_record_bytes, self._decoder.validator.check
+    def produce(self, events: Sequence[Any]) -> None:
+        """Append items of this log's stream (events, or served records)."""
+        items: list[tuple[bytes | None, bytes, Any]] = []
+        codec = self._codec
         now = _now_ms()
-        for event in events:
-            value = encode_event(event)
-            try:  # what decoding would check; a record that fails is decoded (and refused) later
-                kept: Event | None = event if len(value) <= limit else None
-                if kept is not None:
-                    check(event, now)
-            except InvalidInput:
-                kept = None
-            items.append((event_key(event), value, kept))
+        for item in events:
+            value = codec.encode(item)
+            # What decoding would check; a record that fails is decoded (and refused) later.
+            kept = item if codec.keep(item, len(value), now) else None
+            items.append((codec.key(item), value, kept))
         self._append(items)
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
         self._append([(key, value, None)])
 
-    def _append(self, items: list[tuple[bytes | None, bytes, Event | None]]) -> None:
+    def _append(self, items: list[tuple[bytes | None, bytes, Any]]) -> None:
         if not items:
             return
         with self._lock:
@@ -314,7 +310,26 @@ class MemoryEventLog:
             self._rebalance(group)
             return member
 
+    def reader(self, partitions: Sequence[int] | None = None) -> MemoryEventConsumer:
+        """A consumer of ``partitions`` (default: all) in no group, from their start.
+
+        It commits nothing (``commit`` raises :class:`Conflict`); it is for
+        readers that keep their own position, such as the trainer following
+        the served log beside its events.
+        """
+        with self._lock:
+            self._check_open()
+            member = MemoryEventConsumer(self, None)
+            wanted = range(len(self._partitions)) if partitions is None else partitions
+            member._positions = {p: self._partitions[p].start for p in wanted}
+            return member
+
+    def partition_count(self) -> int:
+        return len(self._partitions)
+
     def _leave(self, member: MemoryEventConsumer) -> None:
+        if member.group_id is None:
+            return
         with self._lock:
             group = self._groups.get(member.group_id)
             if group is not None and member in group.members:
@@ -333,13 +348,13 @@ class MemoryEventLog:
 
     def _take(
         self, positions: dict[int, int], max_records: int, rotate: int
-    ) -> list[tuple[int, StoredRecord, Event | None]]:
+    ) -> list[tuple[int, StoredRecord, Any]]:
         """Up to ``max_records`` (partition, record, kept event) from ``positions``; advances them.
 
         Called under the lock. ``rotate`` shifts the starting partition on each
         call so that one busy partition cannot starve the others.
         """
-        taken: list[tuple[int, StoredRecord, Event | None]] = []
+        taken: list[tuple[int, StoredRecord, Any]] = []
         order = sorted(positions)
         if order:
             shift = rotate % len(order)
@@ -396,9 +411,10 @@ class MemoryEventLog:
 class MemoryEventConsumer:
     """A member of a consumer group of :class:`MemoryEventLog`."""
 
-    def __init__(self, log: MemoryEventLog, group_id: str) -> None:
+    def __init__(self, log: MemoryEventLog, group_id: str | None) -> None:
         self._log = log
         self.group_id = group_id
+        """None: a reader of fixed partitions in no group (:meth:`MemoryEventLog.reader`)."""
         self._positions: dict[int, int] = {}
         """Next offset to read, per assigned partition."""
         self._rotate = 0
@@ -437,12 +453,12 @@ class MemoryEventConsumer:
                 return events
 
     def _decode(
-        self, records: list[tuple[int, StoredRecord, Event | None]]
+        self, records: list[tuple[int, StoredRecord, Any]]
     ) -> tuple[list[ConsumedEvent], list[StoredDeadLetter]]:
-        """Valid events, and dead letters for the rest; outside the lock (parsing is the cost)."""
+        """Valid items, and dead letters for the rest; outside the lock (parsing is the cost)."""
         events: list[ConsumedEvent] = []
         dead: list[StoredDeadLetter] = []
-        decoder = self._log._decoder
+        decoder = self._log._codec
         for partition, record, kept in records:
             if kept is not None:
                 events.append(ConsumedEvent(kept, partition, record.offset, record.ts))
@@ -466,6 +482,8 @@ class MemoryEventConsumer:
 
     def commit(self, positions: Sequence[Position] | None = None) -> None:
         log = self._log
+        if self.group_id is None:
+            raise Conflict("a reader in no group commits nothing; it keeps its own positions")
         with log._lock:
             self._check_open()
             if positions is None:
@@ -479,6 +497,8 @@ class MemoryEventConsumer:
 
     def committed(self) -> list[Position]:
         log = self._log
+        if self.group_id is None:
+            return []
         with log._lock:
             committed = log._groups[self.group_id].committed
             return [Position(p, committed[p]) for p in sorted(self._positions) if p in committed]

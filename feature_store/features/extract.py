@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from feature_store.features.batch import BatchFeatures, Indices
-from feature_store.features.columns import FeatureRow
+from feature_store.features.columns import Categorical, FeatureRow
 from feature_store.features.dense import dense_matrix, inputs_from_rows
 from feature_store.features.keys import KeyHasher, Keys
 from feature_store.features.schema import FeatureSchema
@@ -47,14 +47,18 @@ class FeatureExtractor:
             hasher = self._hashers[space] = KeyHasher(space)
         return hasher
 
+    def keys(self, col: Categorical, rows: list[FeatureRow]) -> Keys:
+        """The keys of categorical column ``col`` for ``rows``."""
+        compute = SOURCES[col.source].compute
+        return self._hasher(col.space()).hash_many([compute(r) for r in rows])
+
     def values(self, rows: list[FeatureRow]) -> FeatureValues:
         """Every column's values for each row, packed (see :mod:`feature_store.features.values`)."""
         batch = len(rows)
         schema = self.schema
         categorical = np.empty((batch, len(schema.categorical)), dtype=np.uint64)
         for j, col in enumerate(schema.categorical):
-            compute = SOURCES[col.source].compute
-            categorical[:, j] = self._hasher(col.space()).hash_many([compute(r) for r in rows])
+            categorical[:, j] = self.keys(col, rows)
         multi: dict[str, tuple[Keys, npt.NDArray[np.int64]]] = {}
         for col in schema.multi_valued:
             compute = SOURCES[col.source].compute

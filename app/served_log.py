@@ -1,0 +1,149 @@
+"""The service's side of the served log: every model-ranked response, written in the background.
+
+A recommend request hands :meth:`ServedLogWriter.record` references to what
+it already has (the ids, scores, and the batch of features it scored) and
+returns: packing the served items' values, encoding and producing happen on
+the writer's thread (:mod:`feature_store.served` says what a record holds).
+The queue between the two is bounded: when it is full, or when the log is
+unavailable, records are dropped and counted
+(``vidrec_served_log_records_total{outcome="dropped"|"failed"}``), so the
+served log never adds a failure mode, nor a wait, to recommend. Impressions
+whose record was lost are featurised by the trainer from the stores as they
+arrive instead (still point in time).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.metrics import Metrics
+from feature_store.eventlog.base import EventLog
+from feature_store.events import EventContext
+from feature_store.features.batch import BatchFeatures, Indices
+from feature_store.features.values import FeatureValues, ValueLayout
+from feature_store.served import ServedItem, ServedRecord
+from feature_store.settings import ServedLogSettings
+
+log = logging.getLogger(__name__)
+
+_BATCH = 256
+"""Records produced per call to the log (one round trip to Kafka)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """A response as the request left it: references only, nothing packed or encoded yet."""
+
+    recommendation_id: str
+    user_id: str
+    ts_ms: int
+    model_version: str
+    context: EventContext
+    video_ids: Sequence[str]
+    """Every candidate scored, in the order of ``features``' rows."""
+    sources: Sequence[str]
+    scores: np.ndarray
+    order: Indices
+    """Rows of the served items, best first (the response's items)."""
+    features: BatchFeatures
+
+
+class ServedLogWriter:
+    """Bounded queue plus one writer thread (see the module docstring). A context manager."""
+
+    def __init__(
+        self,
+        served_log: EventLog,
+        settings: ServedLogSettings,
+        layout: ValueLayout,
+        metrics: Metrics,
+    ) -> None:
+        self.log = served_log
+        self.max_items = settings.max_items
+        self.layout = layout
+        self.schema_hash = layout.schema.schema_hash()
+        self.outcomes = metrics.served_log_records
+        self._queue: queue.Queue[Served] = queue.Queue(maxsize=settings.queue_records)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vidrec-served-log", daemon=True)
+        self._last_warning = 0.0
+
+    def __enter__(self) -> ServedLogWriter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def record(self, served: Served) -> None:
+        """Queue ``served`` for writing; drops it (counted) if the queue is full."""
+        try:
+            self._queue.put_nowait(served)
+        except queue.Full:
+            self.outcomes.labels("dropped").inc()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (for at most ``timeout_s``), then stop the thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not (self._stop.is_set() and self._queue.empty()):
+            try:
+                first = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            pending = [first]
+            while len(pending) < _BATCH:
+                try:
+                    pending.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._write(pending)
+
+    def _write(self, pending: list[Served]) -> None:
+        try:
+            records = [self.to_record(served) for served in pending]
+            self.log.produce(records)
+        except Exception as exc:  # the log is down (or a bug): count, say so, go on
+            self.outcomes.labels("failed").inc(len(pending))
+            now = time.monotonic()
+            if now - self._last_warning > 10.0:
+                self._last_warning = now
+                log.warning("served log: %d records not written: %r", len(pending), exc)
+            return
+        self.outcomes.labels("written").inc(len(records))
+
+    def to_record(self, served: Served) -> ServedRecord:
+        """The record of ``served``: its top ``max_items`` items and their packed values."""
+        rows = served.order[: self.max_items]
+        values = FeatureValues.from_batch(self.layout, served.features, rows).packed
+        layout = self.layout
+        items = tuple(
+            ServedItem(served.video_ids[r], position, float(served.scores[r]), served.sources[r])
+            for position, r in enumerate(rows.tolist())
+        )
+        request = (
+            values[0, layout.request_slots]
+            if len(values)
+            else np.zeros(len(layout.request_slots), np.uint64)
+        )
+        return ServedRecord(
+            recommendation_id=served.recommendation_id,
+            user_id=served.user_id,
+            ts_ms=served.ts_ms,
+            model_version=served.model_version,
+            schema_hash=self.schema_hash,
+            context=served.context,
+            items=items,
+            request_values=np.ascontiguousarray(request),
+            item_values=np.ascontiguousarray(values[:, layout.item_slots]),
+        )
