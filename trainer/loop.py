@@ -220,7 +220,7 @@ class OnlineTrainer:
                 if records:
                     self.train_records(records)
                 elif records is IDLE:
-                    self._train_samples(self.joiner.flush_idle(int(time.time() * 1000)))
+                    self._train_idle()
                     self._retry(self.trainer.settle)
                 self._periodic(idle=not records)
         finally:
@@ -293,6 +293,14 @@ class OnlineTrainer:
             keys,
             time.perf_counter() - started,
         )
+
+    def _train_idle(self) -> None:
+        """Train the impressions that timed out by wall clock while the stream was idle."""
+        started = time.perf_counter()
+        samples = self.joiner.flush_idle(int(time.time() * 1000))
+        if samples:
+            keys = self._train_samples(samples)
+            self.metrics.observe_batch(0, len(samples), 0, keys, time.perf_counter() - started)
 
     def moments(self, events: list[Event], lookup: Lookup) -> Moments:
         """What is known of ``events``' moments (:class:`~trainer.labels.Moments`).

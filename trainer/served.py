@@ -29,6 +29,7 @@ and reading a record twice is harmless.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import cast
 
@@ -47,6 +48,11 @@ from trainer.labels import merge_context
 log = logging.getLogger(__name__)
 
 _POLL = 2000
+WAIT_S = 0.1
+"""Longest a batch waits for served records its impressions name but the trainer has not
+read yet (a Kafka reader fetches in round trips). An id waited for in vain (the service
+dropped its record) is not waited for again."""
+_GIVEN_UP_MAX = 100_000
 _LOOKAHEAD_MS = 5_000
 """Served records are read this far past a batch's newest event (clock skew between the
 service instances that produced them)."""
@@ -66,6 +72,9 @@ class ServedJoin:
         self.schema_hash = extractor.schema.schema_hash()
         self._records: OrderedDict[str, tuple[ServedRecord, int]] = OrderedDict()
         """recommendation_id -> (record, log time), oldest first."""
+        self._given_up: OrderedDict[str, None] = OrderedDict()
+        """Recommendation ids waited for in vain (dropped by the service, or too old): later
+        batches naming them do not wait again."""
         self._reader: EventConsumer | None = None
         self._partitions: list[int] | None = None
         self._context_columns = [
@@ -110,17 +119,14 @@ class ServedJoin:
             self._reader.seek_to_timestamp(max(0, resume_ts - self.window_ms))
 
     def catch_up(self, until_log_ts: int) -> None:
-        """Index served records up to ``until_log_ts`` (a batch's newest event) and a little
-        past; forget those older than the join window."""
-        if self._reader is None:
-            self.follow(None, None)
-        assert self._reader is not None
+        """Index the served records already fetched, up to ``until_log_ts`` (a batch's newest
+        event) and a little past; forget those older than the join window.
+
+        Never waits: a record not fetched yet is waited for by :meth:`moments`, and only
+        when an impression names it.
+        """
         while True:
-            got = cast(list[ConsumedRecord[ServedRecord]], self._reader.poll(_POLL, 0.0))
-            for record in got:
-                served = record.event
-                self._records.pop(served.recommendation_id, None)
-                self._records[served.recommendation_id] = (served, record.log_ts)
+            got = self._poll(0.0)
             if len(got) < _POLL or got[-1].log_ts > until_log_ts + _LOOKAHEAD_MS:
                 break
         oldest = until_log_ts - self.window_ms
@@ -130,6 +136,26 @@ class ServedJoin:
         ):
             records.popitem(last=False)
 
+    def _poll(self, timeout_s: float) -> list[ConsumedRecord[ServedRecord]]:
+        if self._reader is None:
+            self.follow(None, None)
+        assert self._reader is not None
+        got = cast(list[ConsumedRecord[ServedRecord]], self._reader.poll(_POLL, timeout_s))
+        for record in got:
+            served = record.event
+            self._records.pop(served.recommendation_id, None)
+            self._records[served.recommendation_id] = (served, record.log_ts)
+        return got
+
+    def _wait_for(self, wanted: set[str]) -> None:
+        """Read on until every id of ``wanted`` is indexed or :data:`WAIT_S` passed."""
+        deadline = time.monotonic() + WAIT_S
+        while wanted.difference(self._records):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._poll(min(remaining, 0.02))
+
     # --- joining -----------------------------------------------------------
 
     def moments(
@@ -137,6 +163,14 @@ class ServedJoin:
     ) -> tuple[list[int], npt.NDArray[np.uint64], npt.NDArray[np.float64]]:
         """For ``events`` (impressions), which were served here and the values and scores
         they were served with: ``(positions, (n, W) values, (n,) scores)``."""
+        wanted = {e.recommendation_id for e in events if e.recommendation_id is not None}
+        unread = wanted.difference(self._records).difference(self._given_up)
+        if unread:
+            self._wait_for(unread)
+            for rec_id in unread.difference(self._records):
+                self._given_up[rec_id] = None
+            while len(self._given_up) > _GIVEN_UP_MAX:
+                self._given_up.popitem(last=False)
         found: list[int] = []
         rows: list[npt.NDArray[np.uint64]] = []
         scores: list[float] = []

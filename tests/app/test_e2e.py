@@ -124,7 +124,15 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         before = http.post("/v1/recommend", json=ask).json()
         assert before["model_version"] == first
 
-        events = engagement("alice", "cars", "cats", range(6), now)
+        # The client reports what it showed, naming the response: the trainer joins
+        # these impressions to the served log (Kafka topic beside the events).
+        events = [
+            {"event_id": f"shown-{k}", "user_id": "alice", "video_id": item["video_id"],
+             "type": "impression", "ts": now - 700_000 + k,
+             "recommendation_id": before["recommendation_id"]}
+            for k, item in enumerate(before["items"][:10])
+        ]
+        events += engagement("alice", "cars", "cats", range(6), now)
         events += engagement("bob", "cats", "cars", range(6), now)
         posted = 0
         for start in range(0, len(events), 100):
@@ -134,6 +142,7 @@ def test_events_train_a_new_version_that_shifts_recommendations(
             assert response.status_code == 200 and response.json()["rejected"] == 0
             posted += response.json()["accepted"]
         wait_for(lambda: trainer.status()["events_total"] >= posted, timeout_s=90)
+        assert trainer.status()["served"]["joined"] == 10
         second = trainer.export_now(activate=True)
         assert second != first
         after = wait_for(
