@@ -12,8 +12,12 @@
    client with the requests encoded beforehand, see ``_client``): first one at
    a time (latency: p50, p99), then from 2 client processes (requests/s).
    A retrieval run (no candidates: the sources pick up to 500) follows.
-   Last, the HTTP floor: the same client's round trip for a 404 (an unknown
-   path, answered by the router without any recommend work).
+   Then the HTTP floor: the same client's round trip for a 404 (an unknown
+   path, answered by the router without any recommend work). Last, the
+   served log's cost: a second server on the same data with
+   ``served_log.enabled=false``, measured alternately with the first
+   (sequential, given candidates): p50 and server CPU per request with and
+   without logging each response's features (``served_log_cost``).
 4. Measures the floor in this process on the same data: the same sparse pulls
    and ONNX run for the same requests, without HTTP, JSON or candidate work,
    the whole in-process recommend for reference, and each recommend stage's
@@ -263,6 +267,48 @@ def run_load(port: int, bodies: list[bytes], total: int, clients: int) -> dict[s
     }
 
 
+def served_log_cost(
+    logging_server: Server, data_dir: Path, env: dict[str, str], bodies: list[bytes], total: int
+) -> dict[str, Any]:
+    """p50 and server CPU per request with the served log and without, measured alternately.
+
+    A second server on the same data with ``served_log.enabled=false``; four
+    rounds of ``total / 2`` sequential requests, alternating servers, so that a
+    change of the machine's speed during the runs weighs on both alike.
+    """
+    from tests.services import free_port
+
+    quiet = Server(data_dir, free_port(), env | {"VIDREC_SERVED_LOG__ENABLED": "false"})
+    try:
+        quiet.wait_ready()
+        run_load(quiet.port, bodies, 300, 1)  # warm, as the first server was
+        latencies: dict[str, list[float]] = {"with": [], "without": []}
+        cpu: dict[str, float] = {"with": 0.0, "without": 0.0}
+        share = max(1, total // 2)
+        for _ in range(2):
+            for name, server in (("with", logging_server), ("without", quiet)):
+                before = server.cpu_seconds()
+                result = _client((server.port, encode_recommend(bodies), 0, share, RECOMMENDED))
+                latencies[name] += result[0]
+                cpu[name] += server.cpu_seconds() - before
+    finally:
+        quiet.stop()
+    out: dict[str, Any] = {}
+    for name in ("with", "without"):
+        out[f"{name}_served_log"] = summary(latencies[name]) | {
+            "server_cpu_ms_per_request": round(cpu[name] * 1000 / (2 * share), 3),
+        }
+    out["p50_added_ms"] = round(
+        out["with_served_log"]["p50_ms"] - out["without_served_log"]["p50_ms"], 3
+    )
+    out["cpu_added_ms_per_request"] = round(
+        out["with_served_log"]["server_cpu_ms_per_request"]
+        - out["without_served_log"]["server_cpu_ms_per_request"],
+        3,
+    )
+    return out
+
+
 def summary(ms: list[float]) -> dict[str, float]:
     arr = np.asarray(ms)
     return {
@@ -349,7 +395,7 @@ def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[
         scores = scorer.run(model, batch, pulled, wide)
         t7 = clock()
         sources = [REQUEST] * len(ids)
-        rec._respond(ids, sources, scores, count, model.version, None).model_dump_json()
+        rec._respond(ids, sources, scores, count, model.version, None)[0].model_dump_json()
         t8 = clock()
         for stage, seconds in (
             ("parse", t1 - t0),
@@ -424,6 +470,9 @@ def main() -> int:
         results["http_retrieval_sequential"] = measured(retrieval, 1)
         http_round_trip(port, 200)  # warm
         results["http_round_trip_404"] = http_round_trip(port, args.requests)
+        results["served_log_cost"] = served_log_cost(
+            server, data_dir, env, given, args.requests
+        )
     finally:
         server.stop()
     results["floor"] = floor(settings, requests, args.requests)

@@ -30,7 +30,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -43,8 +43,9 @@ FORMAT_VERSION = 1
 _HARD_MAX_ITEMS = 10_000
 
 
-@dataclass(frozen=True)
-class ServedItem:
+class ServedItem(NamedTuple):
+    """One served item (a tuple: up to ``max_items`` are built per response)."""
+
     video_id: str
     position: int
     """Rank in the response, 0 first."""
@@ -92,7 +93,11 @@ def encode_served(record: ServedRecord) -> bytes:
         "ts": record.ts_ms,
         "schema": record.schema_hash,
         "context": record.context.model_dump(exclude_none=True),
-        "items": [[i.video_id, i.position, i.score, i.source] for i in record.items],
+        # Parallel lists, positions implicit: flat lists encode faster than a list of lists.
+        "videos": [i.video_id for i in record.items],
+        "positions": [i.position for i in record.items],
+        "scores": [i.score for i in record.items],
+        "sources": [i.source for i in record.items],
         "widths": [len(record.request_values), record.item_values.shape[1]],
         "request": _array_text(record.request_values),
         "values": _array_text(record.item_values),
@@ -121,19 +126,23 @@ def _int(data: dict[str, Any], field: str, low: int, high: int) -> int:
     return value
 
 
-def _items(raw_items: object, max_id_length: int) -> tuple[ServedItem, ...]:
-    if not isinstance(raw_items, list) or len(raw_items) > _HARD_MAX_ITEMS:
-        raise InvalidInput("items", f"must be a list of at most {_HARD_MAX_ITEMS} items")
+def _items(data: dict[str, Any], max_id_length: int) -> tuple[ServedItem, ...]:
+    lists = [data.get(name) for name in ("videos", "positions", "scores", "sources")]
+    if not all(isinstance(x, list) for x in lists):
+        raise InvalidInput("videos", "videos, positions, scores and sources must be lists")
+    videos, positions, scores, sources = lists
+    assert isinstance(videos, list)
+    if len(videos) > _HARD_MAX_ITEMS or len({len(x) for x in lists if isinstance(x, list)}) > 1:
+        raise InvalidInput("videos", f"at most {_HARD_MAX_ITEMS} items, as many in each list")
     items = []
-    for i, raw in enumerate(raw_items):
-        if not (isinstance(raw, list) and len(raw) == 4):
-            raise InvalidInput(f"items.{i}", "must be [video_id, position, score, source]")
-        video_id, position, score, source = raw
+    for i, (video_id, position, score, source) in enumerate(
+        zip(videos, positions, scores, sources, strict=True)  # type: ignore[arg-type]
+    ):
         if not isinstance(video_id, str) or not isinstance(source, str):
-            raise InvalidInput(f"items.{i}", "video_id and source must be strings")
-        check_id(f"items.{i}.video_id", video_id, max_id_length)
+            raise InvalidInput(f"videos.{i}", "video ids and sources must be strings")
+        check_id(f"videos.{i}", video_id, max_id_length)
         if not isinstance(position, int) or not isinstance(score, int | float):
-            raise InvalidInput(f"items.{i}", "position must be an integer, score a number")
+            raise InvalidInput(f"positions.{i}", "positions are integers, scores numbers")
         items.append(ServedItem(video_id, position, float(score), source))
     return tuple(items)
 
@@ -169,7 +178,7 @@ def decode_served(value: bytes, max_id_length: int) -> ServedRecord:
         context = EventContext.model_validate(data.get("context", {}))
     except ValidationError as exc:
         raise InvalidInput("context", str(exc.errors(include_url=False)[0]["msg"])) from exc
-    items = _items(data.get("items"), max_id_length)
+    items = _items(data, max_id_length)
     widths = data.get("widths")
     if not (isinstance(widths, list) and len(widths) == 2
             and all(isinstance(w, int) and 0 <= w <= 4096 for w in widths)):

@@ -58,6 +58,11 @@ class ValueLayout:
     """Slots of columns whose source reads no video: equal on every item of one request."""
     item_slots: npt.NDArray[np.int64] = field(repr=False)
     """The other slots (video columns, their lengths, every dense value)."""
+    categorical_at: tuple[tuple[int, str, str], ...] = field(repr=False, default=())
+    """Per categorical column: its slot, table and name (what :meth:`FeatureValues.from_batch`
+    reads, kept here so a request does not rebuild the schema's column lists)."""
+    multi_at: tuple[tuple[slice, int, str, str], ...] = field(repr=False, default=())
+    """Per multi-valued column: its slots, its length slot, table and name."""
 
 
 @lru_cache(maxsize=16)
@@ -82,7 +87,10 @@ def layout_of(schema: FeatureSchema) -> ValueLayout:
     request_slots = np.array(sorted(request), dtype=np.int64)
     item_slots = np.setdiff1d(np.arange(width, dtype=np.int64), request_slots)
     return ValueLayout(
-        schema, width, slice(0, n_cat), multi, lengths, dense, request_slots, item_slots
+        schema, width, slice(0, n_cat), multi, lengths, dense, request_slots, item_slots,
+        tuple((j, c.table_name(), c.name) for j, c in enumerate(schema.categorical)),
+        tuple((multi[c.name], lengths[c.name], c.table_name(), c.name)
+              for c in schema.multi_valued),
     )
 
 
@@ -162,16 +170,15 @@ class FeatureValues:
         cls, layout: ValueLayout, batch: BatchFeatures, rows: Indices
     ) -> FeatureValues:
         """The values behind rows ``rows`` of a deduplicated batch (a request's, say)."""
-        schema = layout.schema
         out = np.zeros((len(rows), layout.width), dtype=np.uint64)
-        for j, col in enumerate(schema.categorical):
-            keys = batch.table_keys[col.table_name()]
-            out[:, j] = keys[batch.column_indices[col.name][rows]]
-        for multi in schema.multi_valued:
-            keys = np.append(batch.table_keys[multi.table_name()], np.uint64(0))
-            at = batch.column_indices[multi.name][rows]
-            out[:, layout.multi[multi.name]] = keys[at]
-            out[:, layout.lengths[multi.name]] = (at < len(keys) - 1).sum(axis=1)
+        table_keys, indices = batch.table_keys, batch.column_indices
+        for j, table, name in layout.categorical_at:
+            out[:, j] = table_keys[table][indices[name][rows]]
+        for slots, length, table, name in layout.multi_at:
+            keys = np.append(table_keys[table], np.uint64(0))
+            at = indices[name][rows]
+            out[:, slots] = keys[at]
+            out[:, length] = (at < len(keys) - 1).sum(axis=1)
         out[:, layout.dense] = np.ascontiguousarray(batch.dense[rows]).view(np.uint32)
         return cls(layout, out)
 
