@@ -9,13 +9,14 @@ Three roles, checked by FastAPI dependencies on each route:
 
 A key travels as ``X-API-Key: <key>`` or ``Authorization: Bearer <key>``.
 Comparisons are constant-time. Health, readiness and metrics stay open (they
-are for the orchestrator and the scraper).
+are for the orchestrator and the scraper). The OpenAPI document declares a
+key exactly where one is asked for (:mod:`app.openapi` reads the role of
+each route's :class:`RoleCheck`).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal
 
 from fastapi import Request, Security
@@ -26,8 +27,16 @@ from feature_store.settings import ApiSettings
 
 Role = Literal["read", "write", "admin"]
 
-_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
-_bearer = HTTPBearer(auto_error=False)
+API_KEY_HEADER = APIKeyHeader(
+    name="X-API-Key", scheme_name="ApiKey", auto_error=False,
+    description="A key as `X-API-Key: <key>`. Which key a route takes: its description.",
+)
+BEARER = HTTPBearer(
+    scheme_name="Bearer", auto_error=False,
+    description="The same key as `Authorization: Bearer <key>`.",
+)
+"""The two ways a key travels; FastAPI declares them on every route that reads them,
+and :mod:`app.openapi` removes them from reads that need no key."""
 
 
 def _keys_for(role: Role, settings: ApiSettings) -> list[str] | None:
@@ -43,22 +52,38 @@ def _keys_for(role: Role, settings: ApiSettings) -> list[str] | None:
     return [settings.read_key.get_secret_value(), write, admin]
 
 
-def require(role: Role) -> Callable[..., Awaitable[None]]:
-    """A dependency that raises :class:`Unauthorized` without a key granting ``role``."""
+class RoleCheck:
+    """A route dependency that raises :class:`Unauthorized` without a key granting ``role``.
 
-    async def check(
+    A class rather than a closure so that the OpenAPI document
+    (:mod:`app.openapi`) can read which role a route needs and declare its
+    security only where a key is actually asked for.
+    """
+
+    def __init__(self, role: Role) -> None:
+        self.role = role
+
+    def needs_key(self, settings: ApiSettings) -> bool:
+        """Whether, under ``settings``, this role needs a key at all."""
+        return _keys_for(self.role, settings) is not None
+
+    async def __call__(
+        self,
         request: Request,
-        api_key: Annotated[str | None, Security(_api_key_header)],
-        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+        api_key: Annotated[str | None, Security(API_KEY_HEADER)],
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)],
     ) -> None:
         settings: ApiSettings = request.app.state.settings.api
-        allowed = _keys_for(role, settings)
+        allowed = _keys_for(self.role, settings)
         if allowed is None:
             return
         given = api_key or (bearer.credentials if bearer is not None else None)
         if given is None:
-            raise Unauthorized(f"{role} access needs an API key (X-API-Key or Bearer)")
+            raise Unauthorized(f"{self.role} access needs an API key (X-API-Key or Bearer)")
         if not any(secrets.compare_digest(given.encode(), key.encode()) for key in allowed):
-            raise Unauthorized(f"this API key does not grant {role} access")
+            raise Unauthorized(f"this API key does not grant {self.role} access")
 
-    return check
+
+def require(role: Role) -> RoleCheck:
+    """The dependency checking ``role`` (``dependencies=[Depends(require("write"))]``)."""
+    return RoleCheck(role)

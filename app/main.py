@@ -11,7 +11,10 @@ Errors: every :class:`~feature_store.errors.VidrecError` becomes its
 ``http_status`` with ``{"error", "message", "field"?}``; FastAPI's request
 validation errors (malformed JSON, wrong types, unknown fields) are
 translated to :class:`~feature_store.errors.InvalidInput` naming the field
-first, so there is one error shape and one handler.
+first, and so is a body FastAPI could not read at all (not UTF-8); the
+router's own answers (an unknown path's 404, a wrong method's 405 with its
+``Allow`` header) come in the same shape. So there is one error shape,
+documented once (:mod:`app.openapi`).
 """
 
 from __future__ import annotations
@@ -19,23 +22,45 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, asynccontextmanager
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
-from app import dashboard
+from app import dashboard, docs
 from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
+from app.openapi import contract
 from app.service import Service, open_service
-from feature_store.errors import InvalidInput, VidrecError
+from feature_store.errors import InvalidInput, NotFound, VidrecError
 from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
 from feature_store.runtime import Resources, open_resources
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
+
+API_DESCRIPTION = """\
+Recommendations (`POST /v1/recommend`), events (`POST /v1/events`) and the
+catalog (`/v1/videos`) of a vidrec service.
+
+**Keys.** Writes need `api.api_key`, hiding and unhiding `api.admin_key`
+(`X-API-Key: <key>` or `Authorization: Bearer <key>`); reads need a key only
+when `api.read_key` is set, and then this document says so on each read.
+
+**Errors.** Every error answer is one JSON shape, `ErrorBody`
+(`{"error", "message", "field"}`): `field` names the offending input. That
+includes an unknown path (404) and a method a path does not take (405, with
+`Allow`). A batch write keeps its valid items: 200 when at least one was
+kept, 422 when none was, with each rejected item's index and field.
+
+**First minute.** Until the trainer exports its first model,
+`model_version` is `null` and scores are 0 (`fallback_reason: no_model`);
+`GET /readyz` answers 503 until a model is loaded.
+"""
 
 Extension = Callable[[Service], AbstractContextManager[Any]]
 """Something to run beside the API for the app's lifetime (embedded trainer, demo)."""
@@ -67,10 +92,41 @@ def translate_validation_error(exc: RequestValidationError) -> InvalidInput:
     return InvalidInput(field, str(first.get("msg", "invalid value")))
 
 
+def _error_name(status: int) -> str:
+    """``MethodNotAllowed`` for 405: the status phrase as an error class name."""
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        return "HTTPError"
+    return "".join(word for word in phrase.title().split() if word.isalnum())
+
+
+def translate_http_exception(exc: HTTPException) -> VidrecError | JSONResponse:
+    """Starlette's and FastAPI's own HTTP errors in the one error shape.
+
+    FastAPI answers a body it could not decode (not UTF-8, say) with a bare
+    400; that is a malformed body like any other, so it becomes the same 422
+    naming ``body``. The router's 404 and 405 keep their status and headers.
+    """
+    if exc.status_code == 400 and exc.__cause__ is not None:
+        cause = exc.__cause__
+        reason = "not UTF-8" if isinstance(cause, UnicodeDecodeError) else type(cause).__name__
+        return InvalidInput("body", f"malformed JSON: {reason}")
+    if exc.status_code == 404:
+        return NotFound(str(exc.detail) if exc.detail != "Not Found" else "no such path")
+    body = {"error": _error_name(exc.status_code), "message": str(exc.detail)}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 async def vidrec_error_handler(request: Request, exc: Exception) -> JSONResponse:
     """The one exception handler: a :class:`VidrecError` as its status and JSON body."""
     if isinstance(exc, RequestValidationError):
         exc = translate_validation_error(exc)
+    elif isinstance(exc, HTTPException):
+        translated = translate_http_exception(exc)
+        if isinstance(translated, JSONResponse):
+            return translated
+        exc = translated
     assert isinstance(exc, VidrecError)
     if exc.http_status >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
@@ -103,21 +159,30 @@ def create_app(
         title="vidrec",
         version="0.1.0",
         summary="Real-time video recommendations",
+        description=API_DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # app.docs serves both pages without a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.service = None
     app.add_exception_handler(VidrecError, vidrec_error_handler)
     app.add_exception_handler(RequestValidationError, vidrec_error_handler)
-    for router in (recommend.router, events.router, videos.router, health.router):
+    app.add_exception_handler(HTTPException, vidrec_error_handler)
+    routers = (
+        recommend.router, events.router, videos.router, health.router, docs.router,
+        dashboard.router,  # its lifespan runs inside the app's
+    )
+    for router in routers:
         app.include_router(router)
-    app.include_router(dashboard.router)  # its lifespan runs inside the app's
     default_openapi = app.openapi
 
-    def openapi() -> dict[str, Any]:  # the recommend body is parsed by its route
+    def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = recommend.add_request_schemas(default_openapi())
+            # The recommend body is parsed by its route, so its schema is added here.
+            document = recommend.add_request_schemas(default_openapi())
+            app.openapi_schema = contract(document, routers, settings)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -3,27 +3,40 @@
 Every request model forbids unknown fields, so a typo is a 422 naming the
 field rather than a silently ignored option. Events and videos arrive as raw
 JSON objects and are validated one by one (``feature_store.events``,
-``feature_store.catalog``), so one bad item does not sink its batch.
+``feature_store.catalog``), so one bad item does not sink its batch; the
+document still describes each item (the ``Event`` and ``Video`` components,
+added with their configured limits by :mod:`app.openapi`).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+)
 
 from feature_store.catalog.base import Video
-from feature_store.events import ID_CHARSET, EventContext
+from feature_store.events import ID_CHARSET, INTEGRAL, EventContext
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON's types as the schema says them ("5" is not an integer, 1 not a boolean)
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
 
 class Filters(_Request):
     categories: list[str] | None = Field(None, max_length=100)
     """Only videos of these categories."""
-    max_duration_ms: int | None = Field(None, gt=0)
+    max_duration_ms: Annotated[int, Field(gt=0), INTEGRAL] | None = None
     """Only videos at most this long, ms."""
 
 
@@ -37,7 +50,7 @@ is checked after parsing (:meth:`app.recommender.Recommender.validate`)."""
 
 class RecommendRequest(_Request):
     user_id: str = Field(min_length=1, max_length=1024)
-    count: int | None = Field(None, ge=1)
+    count: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     """Items wanted (default ``api.default_count``, at most ``api.max_count``)."""
     candidates: list[CandidateId] | None = None
     """Video ids to rank; without them the service retrieves its own."""
@@ -47,7 +60,7 @@ class RecommendRequest(_Request):
     filters: Filters = Filters()
 
 
-class RecommendItem(BaseModel):
+class RecommendItem(_Response):
     video_id: str
     score: float
     """Predicted probability of a positive outcome (0..1); 0 in fallbacks without a model."""
@@ -55,7 +68,7 @@ class RecommendItem(BaseModel):
     """Candidate source: covisit, creators, trending, fresh or request."""
 
 
-class RecommendResponse(BaseModel):
+class RecommendResponse(_Response):
     recommendation_id: str
     """Pass back in events as ``recommendation_id`` to attribute them."""
     model_version: str | None
@@ -69,11 +82,21 @@ class RecommendResponse(BaseModel):
     """True when the items come from the in-process popular list (backend down or error)."""
 
 
+def _items(component: str) -> WithJsonSchema:
+    """A raw list documented as a list of ``component`` (validated item by item)."""
+    return WithJsonSchema(
+        {"type": "array", "items": {"$ref": f"#/components/schemas/{component}"}}
+    )
+
+
 class EventBatch(_Request):
-    events: list[Any] = Field(description="Event objects (see the Event schema).")
+    """Body of ``POST /v1/events``."""
+
+    events: Annotated[list[Any], _items("Event")]
+    """Events, each validated on its own: invalid ones are reported, the rest kept."""
 
 
-class ItemError(BaseModel):
+class ItemError(_Response):
     index: int
     """Position of the rejected item in the request's list."""
     id: str | None
@@ -83,7 +106,7 @@ class ItemError(BaseModel):
     message: str
 
 
-class BatchResult(BaseModel):
+class BatchResult(_Response):
     """Answer to a batch write: 200 when at least one item was kept, else 422.
 
     ``accepted`` items were written (events: durable in the event log);
@@ -96,15 +119,41 @@ class BatchResult(BaseModel):
 
 
 class VideoBatch(_Request):
-    videos: list[Any] = Field(description="Video objects (see the Video schema).")
+    """Body of ``PUT /v1/videos``."""
+
+    videos: Annotated[list[Any], _items("Video")]
+    """Videos, each validated on its own: invalid ones are reported, the rest kept."""
 
 
 class VideoOut(Video):
     """A catalog record as returned by ``GET /v1/videos/{id}``."""
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(_Response):
+    """The one shape of every error answer."""
+
     error: str
-    """Error class: InvalidInput, PayloadTooLarge, NotFound, Unauthorized, ..."""
+    """Error class: ``InvalidInput``, ``PayloadTooLarge``, ``NotFound``, ``MethodNotAllowed``,
+    ``Unauthorized``, ``Forbidden``, ``Conflict``, ``BackendUnavailable`` (or a subclass)."""
     message: str
+    """What went wrong, for a person."""
     field: str | None = None
+    """Dotted path of the offending input (``body``, ``events.3.ts``, ``user_id``...);
+    with ``InvalidInput`` only."""
+
+
+class BatchRejected(ErrorBody):
+    """422 of a batch write: the error fields, and when every item was rejected the
+    batch result too (``accepted`` 0; ``errors`` lists each item and its field)."""
+
+    accepted: int = 0
+    rejected: int = 0
+    errors: list[ItemError] = []
+
+
+class Readiness(_Response):
+    """Answer of ``GET /readyz`` (200 ready, 503 not)."""
+
+    ready: bool
+    checks: dict[str, str]
+    """One entry per dependency: ``ok`` or why not (``model``: the version and provider)."""

@@ -10,12 +10,13 @@ in milliseconds (``watch_ms``, ``duration_ms``).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from feature_store.errors import InvalidInput
@@ -37,6 +38,18 @@ each of the three ids is non-empty and made of allowed characters: one
 regex call instead of three on the decode path (the stream consumer checks
 every record). When it does not match, :func:`check_id` runs per field to
 name the one that failed."""
+
+def _integral(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+INTEGRAL = BeforeValidator(_integral)
+"""Makes a strict ``int`` take integers as JSON Schema says them: ``5`` and ``5.0``, not
+``"5"``, ``true`` nor ``5.5`` (a plain strict ``int`` refuses ``5.0`` too). Constraints go
+before it (``Annotated[int, Field(ge=1), INTEGRAL]``) so that the schema shows them."""
+
+JsonInt = Annotated[int, INTEGRAL]
+"""An integer field of a strict model (:data:`INTEGRAL`)."""
 
 _HARD_MAX = 1024
 """Absolute bound on any string before the configurable limits are checked."""
@@ -60,7 +73,7 @@ class EventType(StrEnum):
 class EventContext(BaseModel):
     """Where and how the event happened. Every field is optional."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     device: str | None = Field(None, max_length=32)
     """Device class, e.g. ``phone``, ``tv``, ``desktop``."""
@@ -69,7 +82,9 @@ class EventContext(BaseModel):
     """ISO 3166 code, e.g. ``US``."""
     surface: str | None = Field(None, max_length=32)
     """Where in the product: ``home``, ``search``, ``related``..."""
-    position: int | None = Field(None, ge=0, le=10_000)
+    # Strict on its own, as the API's schema says: a recommend request carries a
+    # context and is otherwise validated strictly.
+    position: Annotated[int, Field(ge=0, le=10_000, strict=True), INTEGRAL] | None = None
     """Rank at which the video was shown (0 = first)."""
     # Profile facts a client may know about its signed-in user, sent like
     # ``country``; read as features only when ``features.user_attributes`` is on.
@@ -82,7 +97,7 @@ class EventContext(BaseModel):
 class Event(BaseModel):
     """One user action on one video."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     event_id: str = Field(max_length=_HARD_MAX)
     """Idempotency key: the same ``event_id`` twice is the same event."""
@@ -147,11 +162,16 @@ class EventValidator:
         return event
 
     def parse_obj(self, data: object, now_ms: int | None = None) -> Event:
-        """Validate one already-decoded event; raises :class:`InvalidInput`."""
+        """Validate one already-decoded JSON event (an item of an HTTP batch).
+
+        Validated as the JSON it came from, strictly: ``"5"`` is not an integer
+        nor ``1`` a boolean, as the API's schema says (:func:`strict_json`).
+        Raises :class:`InvalidInput`.
+        """
         if not isinstance(data, dict):
             raise InvalidInput("body", "an event must be a JSON object")
         try:
-            event = Event.model_validate(data)
+            event = Event.model_validate_json(strict_json(data), strict=True)
         except PydanticValidationError as exc:
             raise translate_pydantic_error(exc) from exc
         self.check(event, now_ms)
@@ -186,6 +206,29 @@ class EventValidator:
             )
         if event.ts < limits.min_ts_ms:
             raise InvalidInput("ts", f"must be at least {limits.min_ts_ms} (ms since epoch)")
+
+
+def strict_json(data: dict[str, Any]) -> str:
+    """``data`` (decoded JSON) as JSON text again, for a strict JSON-mode validation.
+
+    Strict validation takes JSON's types as JSON Schema does: ``"5"`` is not
+    an integer, ``true`` is not ``1``, but ``5.0`` is an integer (so it is
+    written back as ``5``). Strict *Python*-mode validation would refuse an
+    enum's value where it wants the enum, hence JSON text; it costs a few
+    microseconds an item, the price of taking exactly what the schema says.
+    """
+    return json.dumps(_integral(data), separators=(",", ":"))
+
+
+def _integral(value: Any) -> Any:
+    """``value`` with every float that has no fractional part made an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
 
 def check_id(field: str, value: str, max_length: int) -> None:

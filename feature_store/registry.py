@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -40,6 +41,11 @@ MODEL_FILE = "model.onnx"
 MANIFEST_FILE = "manifest.json"
 ACTIVE_FILE = "ACTIVE"
 _ROLLBACK_DEPTH = 10
+VERSION_NAME = r"^[A-Za-z0-9_-]{1,200}$"
+"""What :meth:`ModelRegistry.new_version_name` makes (a family, a stamp, digits). A name
+from outside (an operator's promote) is checked against it before it touches the file
+system, so a path (``../x``) or a NUL byte names no version instead of a file."""
+_VERSION_NAME = re.compile(VERSION_NAME)
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,7 @@ class ModelRegistry:
             return 0
 
     def manifest(self, version: str) -> Manifest:
+        _check_name(version)
         path = self.versions_dir / version / MANIFEST_FILE
         try:
             return Manifest.from_dict(json.loads(path.read_text()))
@@ -166,6 +173,7 @@ class ModelRegistry:
             raise NotFound(f"model version {version!r} does not exist") from exc
 
     def model_path(self, version: str) -> Path:
+        _check_name(version)
         path = self.versions_dir / version / MODEL_FILE
         if not path.is_file():
             raise NotFound(f"model version {version!r} has no model file")
@@ -197,3 +205,8 @@ class ModelRegistry:
         os.close(fd)
         _fsync_write(Path(tmp), json.dumps(data).encode())
         os.replace(tmp, self.root / ACTIVE_FILE)
+
+
+def _check_name(version: str) -> None:
+    if not _VERSION_NAME.fullmatch(version):
+        raise NotFound(f"{version[:200]!r} is not a model version name")

@@ -10,7 +10,8 @@ from fastapi.responses import JSONResponse
 
 from app.api.dependencies import ServiceDep
 from app.auth import require
-from app.schemas import BatchResult, ErrorBody, EventBatch, ItemError
+from app.openapi import BATCH_REJECTED, errors
+from app.schemas import BatchResult, EventBatch, ItemError
 from feature_store.errors import InvalidInput, PayloadTooLarge
 from feature_store.events import Event
 
@@ -41,12 +42,7 @@ def batch_response(result: BatchResult, list_name: str) -> BatchResult | JSONRes
     "/v1/events",
     response_model=BatchResult,
     dependencies=[Depends(require("write"))],
-    responses={
-        401: {"model": ErrorBody},
-        413: {"model": ErrorBody},
-        422: {"description": "every event was rejected (body: BatchResult plus error fields)"},
-        503: {"model": ErrorBody},
-    },
+    responses={**errors(503), 422: BATCH_REJECTED},
 )
 def post_events(body: EventBatch, service: ServiceDep) -> BatchResult | JSONResponse:
     """Validate each event; write the valid ones to the event log; report the rest.

@@ -9,10 +9,12 @@ from typing import Any
 
 import onnxruntime as ort
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from app.api.dependencies import ServiceDep
 from app.auth import require
+from app.openapi import errors
+from app.schemas import Readiness
 from app.service import Service
 
 router = APIRouter(tags=["operations"])
@@ -41,7 +43,13 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "a check failed; body says which"}})
+@router.get(
+    "/readyz",
+    responses={
+        200: {"model": Readiness, "description": "Ready: every check is ok."},
+        503: {"model": Readiness, "description": "Not ready: `checks` says which failed."},
+    },
+)
 def readyz(request: Request) -> JSONResponse:
     """Ready: Redis (when used) and the event log answer, and a model is loaded and warmed."""
     service: Service | None = getattr(request.app.state, "service", None)
@@ -63,13 +71,20 @@ def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"ready": ready, "checks": checks}, 200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **errors(503),
+    },
+)
 def metrics(service: ServiceDep) -> Response:
     """Prometheus text format."""
     return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-@router.get("/v1/status", dependencies=[Depends(require("read"))])
+@router.get("/v1/status", dependencies=[Depends(require("read"))], responses=errors(503))
 def status(service: ServiceDep) -> dict[str, Any]:
     """Model, execution provider, trainer and store state, for people and dashboards."""
     resources = service.resources

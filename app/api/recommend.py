@@ -27,7 +27,8 @@ from pydantic import ValidationError
 
 from app.api.dependencies import get_service
 from app.auth import require
-from app.schemas import ErrorBody, RecommendRequest, RecommendResponse
+from app.openapi import errors
+from app.schemas import RecommendRequest, RecommendResponse
 from feature_store.errors import InvalidInput
 
 router = APIRouter(tags=["recommend"])
@@ -69,7 +70,7 @@ def parse_request(content_type: str | None, raw: bytes) -> RecommendRequest:
     response_model=RecommendResponse,
     dependencies=[Depends(require("read"))],
     openapi_extra={"requestBody": OPENAPI_BODY},
-    responses={401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    responses=errors(422, 503),
 )
 async def recommend(request: Request) -> Response:
     """Rank videos for a user.

@@ -8,7 +8,8 @@ from fastapi.responses import JSONResponse
 from app.api.dependencies import ServiceDep
 from app.api.events import batch_response, item_id
 from app.auth import require
-from app.schemas import BatchResult, ErrorBody, ItemError, VideoBatch, VideoOut
+from app.openapi import BATCH_REJECTED, errors
+from app.schemas import BatchResult, ItemError, VideoBatch, VideoOut
 from app.service import Service
 from feature_store.catalog.base import Video, validate_video
 from feature_store.errors import InvalidInput, NotFound, PayloadTooLarge
@@ -21,7 +22,7 @@ router = APIRouter(tags=["catalog"])
     "/v1/videos",
     response_model=BatchResult,
     dependencies=[Depends(require("write"))],
-    responses={401: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    responses={**errors(503), 422: BATCH_REJECTED},
 )
 def put_videos(body: VideoBatch, service: ServiceDep) -> BatchResult | JSONResponse:
     """Insert or replace videos; same response shape and statuses as ``POST /v1/events``."""
@@ -58,7 +59,7 @@ def _video_id(service: Service, video_id: str) -> str:
     "/v1/videos/{video_id}",
     response_model=VideoOut,
     dependencies=[Depends(require("read"))],
-    responses={404: {"model": ErrorBody}},
+    responses=errors(404, 503),
 )
 def get_video(video_id: str, service: ServiceDep) -> Video:
     """One catalog record (hidden ones too, with ``hidden: true``)."""
@@ -79,7 +80,7 @@ def _set_hidden(service: Service, video_id: str, hidden: bool) -> Video:
     "/v1/videos/{video_id}/hide",
     response_model=VideoOut,
     dependencies=[Depends(require("admin"))],
-    responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+    responses=errors(404, 503),
 )
 def hide_video(video_id: str, service: ServiceDep) -> Video:
     """Never recommend this video again (until unhidden); takes effect on the next request."""
@@ -90,7 +91,7 @@ def hide_video(video_id: str, service: ServiceDep) -> Video:
     "/v1/videos/{video_id}/unhide",
     response_model=VideoOut,
     dependencies=[Depends(require("admin"))],
-    responses={401: {"model": ErrorBody}, 404: {"model": ErrorBody}},
+    responses=errors(404, 503),
 )
 def unhide_video(video_id: str, service: ServiceDep) -> Video:
     """Make a hidden video recommendable again."""

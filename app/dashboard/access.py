@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import Request, Security
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 
+from app.auth import API_KEY_HEADER, BEARER
 from feature_store.errors import Forbidden, Unauthorized
 from feature_store.settings import Settings
 
 Role = Literal["admin", "viewer"]
 
-_key_header = APIKeyHeader(name="X-API-Key", auto_error=False)
-_bearer = HTTPBearer(auto_error=False)
 _NAME = re.compile(r"[^A-Za-z0-9 ._@-]")
 
 
@@ -58,8 +57,8 @@ def role_of(key: str | None, settings: Settings) -> Role:
     raise Unauthorized("this key does not open the dashboard")
 
 
-KeyHeader = Annotated[str | None, Security(_key_header)]
-BearerHeader = Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+KeyHeader = Annotated[str | None, Security(API_KEY_HEADER)]
+BearerHeader = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 
 
 def viewer(request: Request, api_key: KeyHeader, bearer: BearerHeader) -> Operator:

@@ -26,7 +26,9 @@ from app.dashboard.audit import AuditLog
 from app.service import Service
 from feature_store.control import LIVE, ControlChannel
 from feature_store.control import Command as ControlCommand
-from feature_store.errors import InvalidInput, VidrecError
+from feature_store.errors import VidrecError
+from feature_store.events import JsonInt
+from feature_store.registry import VERSION_NAME
 
 log = logging.getLogger(__name__)
 
@@ -34,21 +36,48 @@ Action = Literal["export", "pause", "resume", "promote", "rollback", "retrain", 
 TRAINER_ACTIONS = ("export", "pause", "resume", "retrain", "retrain_stop")
 
 
-class ActionRequest(BaseModel):
-    """Body of ``POST /dashboard/api/actions/{action}``."""
+_TARGET = r"^[A-Za-z0-9_-]{1,64}$"
 
-    model_config = ConfigDict(extra="forbid")
+
+class ActionRequest(BaseModel):
+    """Body of ``POST /dashboard/api/actions/{action}``: what every action takes.
+
+    Each action has its own route and body (the subclasses below), so the
+    OpenAPI document says exactly which fields an action takes and needs.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
 
     id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{8,64}$")
     """Chosen by the page so it can follow the command's acks while it runs."""
-    version: str | None = Field(None, max_length=200)
-    """promote: the version to activate."""
-    target: str = Field(LIVE, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class TrainerActionRequest(ActionRequest):
+    """Pause or resume: the live trainer or a retrain family."""
+
+    target: str = Field(LIVE, pattern=_TARGET)
     """Trainer targeted: ``live`` or a retrain family's id."""
-    from_ts_ms: int | None = Field(None, ge=0)
-    """retrain: replay the event log from this event-log time (ms since epoch)."""
+
+
+class ExportRequest(TrainerActionRequest):
     activate: bool = True
-    """export: activate the new version at once."""
+    """Activate the new version at once."""
+
+
+class PromoteRequest(ActionRequest):
+    version: str = Field(pattern=VERSION_NAME)
+    """The version to activate (as listed on the dashboard and in ``GET /v1/status``)."""
+
+
+class RetrainRequest(ActionRequest):
+    from_ts_ms: JsonInt = Field(0, ge=0)
+    """Replay the event log from this event time (ms since epoch); 0 (the default): from
+    the oldest event the log still holds."""
+
+
+class RetrainStopRequest(ActionRequest):
+    target: str = Field(pattern=_TARGET)
+    """The retrain family to stop."""
 
 
 def _now_ms() -> int:
@@ -65,13 +94,14 @@ def run_action(
     timeout_s: float,
 ) -> dict[str, Any]:
     """Carry out ``action``; returns the outcome entry written to the audit log."""
-    args = _args(action, body)
-    command = ControlCommand(action, args, issuer=operator.label, target=body.target)
+    args = _args(body)
+    target: str = getattr(body, "target", LIVE)
+    command = ControlCommand(action, args, issuer=operator.label, target=target)
     if body.id:
-        command = ControlCommand(action, args, operator.label, body.target, body.id)
+        command = ControlCommand(action, args, operator.label, target, body.id)
     base = {
         "id": command.id, "actor": operator.name, "role": operator.role,
-        "address": operator.address, "action": action, "target": body.target, "args": args,
+        "address": operator.address, "action": action, "target": target, "args": args,
     }
     audit.append({**base, "ts_ms": _now_ms(), "status": "requested", "message": ""})
     result: dict[str, Any] = {}
@@ -98,18 +128,9 @@ def run_action(
     return outcome
 
 
-def _args(action: Action, body: ActionRequest) -> dict[str, Any]:
-    if action == "promote":
-        if not body.version:
-            raise InvalidInput("version", "promote needs the version to activate")
-        return {"version": body.version}
-    if action == "export":
-        return {"activate": body.activate}
-    if action == "retrain":
-        if body.from_ts_ms is None:
-            raise InvalidInput("from_ts_ms", "retrain needs the time to replay from")
-        return {"from_ts_ms": body.from_ts_ms}
-    return {}
+def _args(body: ActionRequest) -> dict[str, Any]:
+    """The command's arguments: the body's fields other than ``id`` and ``target``."""
+    return body.model_dump(exclude={"id", "target"})
 
 
 def _await_served(

@@ -9,8 +9,9 @@
   chart series only past ``since_ms`` so a poll carries new points only.
 - ``GET /dashboard/api/users/{user_id}``: history beside recommendations.
 - ``POST /dashboard/api/actions/{action}``: admin only, audited
-  (:mod:`app.dashboard.actions`); ``GET /dashboard/api/commands/{id}``: the
-  trainer's acks of one command so far (the page shows progress with it).
+  (:mod:`app.dashboard.actions`); one route per action, each with its own
+  body; ``GET /dashboard/api/commands/{id}``: the trainer's acks of one
+  command so far (the page shows progress with it).
 - ``GET /dashboard/api/audit``: the audit log, one row per action.
 
 The router's lifespan (merged into the app's by FastAPI, so it runs once
@@ -31,9 +32,19 @@ from fastapi.responses import Response
 
 from app.dashboard import views
 from app.dashboard.access import Operator, admin, viewer
-from app.dashboard.actions import Action, ActionRequest, run_action
+from app.dashboard.actions import (
+    Action,
+    ActionRequest,
+    ExportRequest,
+    PromoteRequest,
+    RetrainRequest,
+    RetrainStopRequest,
+    TrainerActionRequest,
+    run_action,
+)
 from app.dashboard.audit import AuditLog, open_audit_log, recent
 from app.dashboard.sampling import Sampler
+from app.openapi import errors
 from app.service import Service
 from feature_store.control import ControlChannel, control_channel
 from feature_store.errors import BackendUnavailable, NotFound
@@ -128,7 +139,7 @@ def session(request: Request, operator: Viewer) -> dict[str, Any]:
     return {"role": operator.role, "name": operator.name, "refresh_ms": settings.refresh_ms}
 
 
-@router.get("/api/overview", dependencies=[Depends(viewer)])
+@router.get("/api/overview", dependencies=[Depends(viewer)], responses=errors(503))
 def overview(dashboard: Board, since_ms: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
     """Training, serving, model versions, sparse tables and the audit log."""
     service = dashboard.service
@@ -153,12 +164,12 @@ def _audit(dashboard: Dashboard, limit: int) -> dict[str, Any]:
         return {"entries": [], "error": exc.message}
 
 
-@router.get("/api/audit", dependencies=[Depends(viewer)])
+@router.get("/api/audit", dependencies=[Depends(viewer)], responses=errors(503))
 def audit(dashboard: Board, limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> dict[str, Any]:
     return _audit(dashboard, limit)
 
 
-@router.get("/api/users/{user_id}", dependencies=[Depends(viewer)])
+@router.get("/api/users/{user_id}", dependencies=[Depends(viewer)], responses=errors(503))
 def user(
     user_id: str, dashboard: Board, count: Annotated[int, Query(ge=1, le=100)] = 20
 ) -> dict[str, Any]:
@@ -166,21 +177,66 @@ def user(
     return views.finite(views.user_insight(dashboard.service, user_id, count))
 
 
-@router.post("/api/actions/{action}")
-def act(
-    action: Action,
-    body: ActionRequest,
-    operator: Admin,
-    dashboard: Board,
+def _act(
+    action: Action, body: ActionRequest, operator: Operator, dashboard: Dashboard
 ) -> dict[str, Any]:
-    """Run one action (admin key); answers once it is done, failed or timed out."""
+    """Run one action; answers once it is done, failed or timed out (the audit entry)."""
     timeout = dashboard.service.resources.settings.dashboard.ack_timeout_s
     return views.finite(run_action(
         action, body, operator, dashboard.service, dashboard.channel, dashboard.audit, timeout
     ))
 
 
-@router.get("/api/commands/{command_id}", dependencies=[Depends(viewer)])
+ACTION_ERRORS = errors(403, 503)
+"""Besides 401/413/422: a viewer key acting (403), the dashboard not up (503). An action
+that fails or times out is still a 200, with ``status`` saying so (it is audited)."""
+
+
+@router.post("/api/actions/export", responses=ACTION_ERRORS)
+def export(body: ExportRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Export the target trainer's model now (a new registry version)."""
+    return _act("export", body, operator, dashboard)
+
+
+@router.post("/api/actions/pause", responses=ACTION_ERRORS)
+def pause(body: TrainerActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Pause the target trainer (it stops consuming; serving goes on)."""
+    return _act("pause", body, operator, dashboard)
+
+
+@router.post("/api/actions/resume", responses=ACTION_ERRORS)
+def resume(body: TrainerActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Resume a paused trainer."""
+    return _act("resume", body, operator, dashboard)
+
+
+@router.post("/api/actions/promote", responses=ACTION_ERRORS)
+def promote(body: PromoteRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Make ``version`` the active one; done once this service serves it."""
+    return _act("promote", body, operator, dashboard)
+
+
+@router.post("/api/actions/rollback", responses=ACTION_ERRORS)
+def rollback(body: ActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Go back to the previously active version."""
+    return _act("rollback", body, operator, dashboard)
+
+
+@router.post("/api/actions/retrain", responses=ACTION_ERRORS)
+def retrain(body: RetrainRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Start a new model family replaying the event log from ``from_ts_ms``."""
+    return _act("retrain", body, operator, dashboard)
+
+
+@router.post("/api/actions/retrain_stop", responses=ACTION_ERRORS)
+def retrain_stop(body: RetrainStopRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+    """Stop a retrain family (its exported versions stay in the registry)."""
+    return _act("retrain_stop", body, operator, dashboard)
+
+
+@router.get(
+    "/api/commands/{command_id}", dependencies=[Depends(viewer)], responses=errors(503)
+)
 def command(command_id: str, dashboard: Board) -> dict[str, Any]:
     """The trainer's acknowledgements of one command so far."""
     acks = dashboard.channel.acks(command_id)

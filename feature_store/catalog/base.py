@@ -14,14 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from feature_store.errors import InvalidInput
-from feature_store.events import check_id, translate_pydantic_error
+from feature_store.events import check_id, strict_json, translate_pydantic_error
 from feature_store.settings import EventLimits
 
 
 class Video(BaseModel):
     """One video in the catalog."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     video_id: str = Field(max_length=1024)
     creator_id: str = Field(max_length=1024)
@@ -37,11 +37,12 @@ class Video(BaseModel):
 
 
 def validate_video(data: object, limits: EventLimits) -> Video:
-    """Validate one catalog record against the limits; raises :class:`InvalidInput`."""
+    """Validate one decoded JSON catalog record, strictly (as :meth:`EventValidator.parse_obj`),
+    against the limits; raises :class:`InvalidInput`."""
     if not isinstance(data, dict):
         raise InvalidInput("body", "a video must be a JSON object")
     try:
-        video = Video.model_validate(data)
+        video = Video.model_validate_json(strict_json(data), strict=True)
     except PydanticValidationError as exc:
         raise translate_pydantic_error(exc) from exc
     check_id("video_id", video.video_id, limits.max_id_length)
