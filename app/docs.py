@@ -5,7 +5,10 @@ machine without internet they are blank. The assets here come from the
 ``fastapi-offline`` package (a dependency, installed with vidrec), which
 ships the Swagger UI and ReDoc bundles; they are served under
 ``/docs/assets/`` and the pages point there. Nothing the pages load leaves
-the service: no fonts from a font service, no validator badge.
+the service: no fonts from a font service, no validator badge, and a
+Content-Security-Policy makes the browser hold the pages to it (ReDoc's
+bundle asks for a "by Redocly" logo on a CDN; the policy blocks that
+request, and the image hides itself).
 """
 
 from __future__ import annotations
@@ -27,6 +30,17 @@ ASSETS = {
 }
 """The files served under ``/docs/assets/``, and their media types."""
 
+DOCS_CSP = "; ".join((
+    "default-src 'self'",
+    "script-src 'self' 'unsafe-inline'",  # Swagger UI's page starts it with an inline script
+    "style-src 'self' 'unsafe-inline'",  # both set styles at run time
+    "img-src 'self' data:",
+    "font-src 'self' data:",
+    "worker-src 'self' blob:",  # ReDoc's search runs in a worker
+    "connect-src 'self'",  # "Try it out" calls this service only
+))
+"""Content-Security-Policy of the two pages: only the service itself."""
+
 ASSET_CACHE_S = 24 * 3600
 """How long a browser may keep an asset, seconds (they change only with the package)."""
 
@@ -47,7 +61,7 @@ def _openapi_url(request: Request) -> str:
 def swagger_ui(request: Request) -> HTMLResponse:
     """Swagger UI: every operation, with "Try it out"."""
     assets = f"{_base(request)}/docs/assets"
-    return get_swagger_ui_html(
+    page = get_swagger_ui_html(
         openapi_url=_openapi_url(request),
         title=f"{request.app.title} API",
         swagger_js_url=f"{assets}/swagger-ui-bundle.js",
@@ -55,19 +69,23 @@ def swagger_ui(request: Request) -> HTMLResponse:
         swagger_favicon_url=f"{assets}/favicon.png",
         swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True},
     )
+    page.headers["Content-Security-Policy"] = DOCS_CSP
+    return page
 
 
 @router.get("/redoc")
 def redoc(request: Request) -> HTMLResponse:
     """ReDoc: the same document as one readable page."""
     assets = f"{_base(request)}/docs/assets"
-    return get_redoc_html(
+    page = get_redoc_html(
         openapi_url=_openapi_url(request),
         title=f"{request.app.title} API reference",
         redoc_js_url=f"{assets}/redoc.standalone.js",
         redoc_favicon_url=f"{assets}/favicon.png",
         with_google_fonts=False,
     )
+    page.headers["Content-Security-Policy"] = DOCS_CSP
+    return page
 
 
 @router.get("/docs/assets/{name}")

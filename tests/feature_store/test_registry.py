@@ -65,6 +65,18 @@ def test_unknown_version_is_not_found(tmp_path: Path) -> None:
         registry.activate("nope")
 
 
+@pytest.mark.parametrize("name", ["../main-0001", "main-0001/../../x", "a\x00b", "main-0001\n"])
+def test_a_name_that_is_no_version_name_is_not_found(tmp_path: Path, name: str) -> None:
+    """An operator's name never reaches the file system as a path (nor a NUL byte, a 500)."""
+    registry = ModelRegistry(tmp_path / "registry")
+    publish(registry, 1)
+    (tmp_path / "x").mkdir()
+    with pytest.raises(NotFound, match="not a model version name"):
+        registry.activate(name)
+    with pytest.raises(NotFound):
+        registry.model_path(name)
+
+
 def test_prune_keeps_newest_and_never_the_active(tmp_path: Path) -> None:
     registry = ModelRegistry(tmp_path)
     versions = [publish(registry, n) for n in range(6)]
