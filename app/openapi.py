@@ -168,7 +168,7 @@ def _operations(
     for route in (r for router in routers for r in router.routes):
         if not isinstance(route, APIRoute) or not route.include_in_schema:
             continue
-        for method in sorted(route.methods):
+        for method in sorted(route.methods or ()):
             operation = paths.get(route.path_format, {}).get(method.lower())
             if operation is not None:
                 yield route, method, operation

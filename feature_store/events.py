@@ -217,18 +217,16 @@ def strict_json(data: dict[str, Any]) -> str:
     enum's value where it wants the enum, hence JSON text; it costs a few
     microseconds an item, the price of taking exactly what the schema says.
     """
-    return json.dumps(_integral(data), separators=(",", ":"))
+    return json.dumps(_whole_numbers(data), separators=(",", ":"))
 
 
-def _integral(value: Any) -> Any:
-    """``value`` with every float that has no fractional part made an int."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
+def _whole_numbers(value: Any) -> Any:
+    """``value`` with every float that has no fractional part made an int, at any depth."""
     if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
+        return {k: _whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_integral(v) for v in value]
-    return value
+        return [_whole_numbers(v) for v in value]
+    return _integral(value)
 
 
 def check_id(field: str, value: str, max_length: int) -> None:

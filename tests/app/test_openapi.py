@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from jsonschema import Draft202012Validator
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from app.main import create_app
@@ -50,7 +50,7 @@ def operations(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, A
 def validator_for(document: dict[str, Any], component: str) -> Draft202012Validator:
     """A JSON Schema validator of one component, resolving references in the document."""
     registry = Registry().with_resource(
-        "urn:doc", Resource(contents=document, specification=DRAFT202012)
+        "urn:doc", DRAFT202012.create_resource(document)
     )
     return Draft202012Validator({"$ref": f"urn:doc#/components/schemas/{component}"},
                                 registry=registry)

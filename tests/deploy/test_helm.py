@@ -65,7 +65,7 @@ def test_helm_lint_is_clean(helm: Helm, version: str) -> None:
     assert helm.lint(CHART, production, version) == []
 
 
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "cpu only, no autoscaling": {"api": {"gpus": 0, "autoscaling": {"enabled": False}}},
     "external keys and registry": {
