@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from feature_store.errors import InvalidInput
-from feature_store.events import check_id, strict_json, translate_pydantic_error
+from feature_store.events import check_id, strict_input, translate_pydantic_error
 from feature_store.settings import EventLimits
 
 
@@ -42,7 +42,7 @@ def validate_video(data: object, limits: EventLimits) -> Video:
     if not isinstance(data, dict):
         raise InvalidInput("body", "a video must be a JSON object")
     try:
-        video = Video.model_validate_json(strict_json(data), strict=True)
+        video = Video.model_validate(strict_input(data), strict=True)
     except PydanticValidationError as exc:
         raise translate_pydantic_error(exc) from exc
     check_id("video_id", video.video_id, limits.max_id_length)
