@@ -11,12 +11,16 @@ time (ms offsets 0, 1, 2, 3 keep them ordered):
 rating     events (after an ``impression``)
 =========  ============================================================
 >= 4.5     ``play`` with watch ratio 1.0, ``finish``, ``like``
->= 3.5     ``play`` with watch ratio 0.9, ``finish``
+>= 4       ``play`` with watch ratio 0.9, ``finish``
 >= 2.5     ``play`` with watch ratio 0.3 (ambiguous under the default
-           label policy: no sample, but it enters the history)
+           label policy: no sample, but it enters the history; a
+           negative under the evaluation's ``rating >= 4`` policy)
 >= 1.5     ``play`` with watch ratio 0.05 (a short play: negative)
 < 1.5      ``skip``, ``dislike``
 =========  ============================================================
+
+A half-star 3.5 (ml-latest) is below 4, so it maps like a 3: "liked" means
+``rating >= 4`` exactly, in replays and in ``vidrec eval`` alike.
 
 Every movie is a video of 100 minutes (MovieLens has no lengths); its
 category is its first genre, its tags all of its genres, and its "creator"
@@ -32,9 +36,9 @@ every timestamp is shifted by the same amount so that the first rating
 lands one day after ``min_ts_ms`` (when it is earlier), and clipped so that
 the last one is not in the future; the relative timing is unchanged.
 
-**CSV of events** (``--format csv``): a header with ``event_id, user_id,
-video_id, type, ts`` and optionally ``watch_ms, duration_ms``; replayed as
-is (sorted by ``ts``, stable).
+**Files of events** (CSV or Parquet, :mod:`feature_store.event_files`):
+replayed sorted by ``ts`` (stable), shifted like MovieLens when older than
+the limit; rows that break the contract are skipped and reported.
 """
 
 from __future__ import annotations
@@ -42,8 +46,7 @@ from __future__ import annotations
 import csv
 import logging
 import re
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -51,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from feature_store.catalog.base import Video
 from feature_store.errors import InvalidInput, NotFound
+from feature_store.event_files import file_format, read_events, time_shift
 from feature_store.events import Event, EventType
 
 if TYPE_CHECKING:
@@ -97,7 +101,7 @@ def rating_events(r: Rating, shift_ms: int) -> list[Event]:
     out = [ev(0, EventType.IMPRESSION)]
     if r.rating >= 4.5:
         out += [ev(1, EventType.PLAY, 1.0), ev(2, EventType.FINISH, 1.0), ev(3, EventType.LIKE)]
-    elif r.rating >= 3.5:
+    elif r.rating >= 4.0:
         out += [ev(1, EventType.PLAY, 0.9), ev(2, EventType.FINISH, 0.9)]
     elif r.rating >= 2.5:
         out.append(ev(1, EventType.PLAY, 0.3))
@@ -117,13 +121,6 @@ def _sorted(ratings: Iterable[Rating]) -> list[Rating]:
 
 def _num(value: str) -> int | str:
     return int(value) if value.isdigit() else value
-
-
-def time_shift(first_ms: int, last_ms: int, min_ts_ms: int, now_ms: int | None = None) -> int:
-    """Constant added to every timestamp (see the module doc)."""
-    now = int(time.time() * 1000) if now_ms is None else now_ms
-    shift = max(0, min_ts_ms + _DAY_MS - first_ms)
-    return min(shift, now - last_ms) if last_ms + shift > now else shift
 
 
 # --- MovieLens readers ----------------------------------------------------
@@ -197,44 +194,67 @@ def read_ml_latest(directory: Path) -> tuple[list[Rating], list[Video]]:
     return ratings, videos
 
 
-def read_events_csv(path: Path) -> Iterator[Event]:
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    rows.sort(key=lambda row: int(row["ts"]))
-    for row in rows:
-        yield Event(
-            event_id=row["event_id"], user_id=row["user_id"], video_id=row["video_id"],
-            type=EventType(row["type"]), ts=int(row["ts"]),
-            watch_ms=int(row.get("watch_ms") or 0),
-            duration_ms=int(row["duration_ms"]) if row.get("duration_ms") else None,
-        )
-
-
 def detect_format(path: Path) -> str:
+    """``movielens`` for a MovieLens directory, else the events file's format."""
     if path.is_dir() and ((path / "u.data").is_file() or (path / "ratings.csv").is_file()):
         return "movielens"
-    if path.is_file() and path.suffix == ".csv":
-        return "csv"
-    raise InvalidInput("dataset", f"{path}: not a MovieLens directory or an events CSV")
+    if path.is_file():
+        return file_format(path)
+    raise InvalidInput("dataset", f"{path}: not a MovieLens directory or a file of events")
 
 
-def movielens_events(
-    directory: Path, min_ts_ms: int, now_ms: int | None = None
-) -> tuple[list[Event], list[Video]]:
-    """All events of a MovieLens directory in replay order, and its catalog."""
+@dataclass
+class MovieLens:
+    """A MovieLens directory as events, with its catalog and the time shift applied."""
+
+    events: list[Event]
+    videos: list[Video]
+    shift_ms: int
+    """Added to every rating's time (see the module doc)."""
+
+
+def read_movielens(
+    directory: Path, min_ts_ms: int, now_ms: int | None = None, implicit: bool = False
+) -> MovieLens:
+    """All events of a MovieLens directory in replay order, its catalog and the shift.
+
+    ``implicit`` reads it as a positive-only log (:func:`interaction_event`);
+    otherwise each rating is mapped per the module doc's table.
+    """
     if (directory / "u.data").is_file():
         ratings, videos = read_ml100k(directory)
     else:
         ratings, videos = read_ml_latest(directory)
     ratings = _sorted(ratings)
     if not ratings:
-        return [], videos
+        return MovieLens([], videos, 0)
     shift = time_shift(ratings[0].ts_ms, ratings[-1].ts_ms, min_ts_ms, now_ms)
     uploaded = ratings[0].ts_ms + shift - _DAY_MS
     videos = [v.model_copy(update={"uploaded_at": uploaded}) for v in videos]
-    events = [e for r in ratings for e in rating_events(r, shift)]
+    to_events = interaction_event if implicit else rating_events
+    events = [e for r in ratings for e in to_events(r, shift)]
     events.sort(key=lambda e: e.ts)  # stable: equal times keep (user, item, k) order
-    return events, videos
+    return MovieLens(events, videos, shift)
+
+
+def movielens_events(
+    directory: Path, min_ts_ms: int, now_ms: int | None = None
+) -> tuple[list[Event], list[Video]]:
+    """All events of a MovieLens directory in replay order, and its catalog."""
+    found = read_movielens(directory, min_ts_ms, now_ms)
+    return found.events, found.videos
+
+
+def interaction_event(r: Rating, shift_ms: int) -> list[Event]:
+    """A rating read as implicit feedback: one ``finish``, whatever the stars.
+
+    The reading of the leave-one-out literature (NCF and its successors): a
+    rating says the user watched the movie, so every rating is a positive.
+    """
+    return [Event(
+        event_id=f"ml-{r.user}-{r.item}", user_id=f"ml{r.user}", video_id=f"ml{r.item}",
+        type=EventType.FINISH, ts=r.ts_ms + shift_ms, watch_ms=MOVIE_MS, duration_ms=MOVIE_MS,
+    )]
 
 
 def replay_dataset(
@@ -245,13 +265,18 @@ def replay_dataset(
     if not path.exists():
         raise NotFound(f"dataset {path} does not exist")
     fmt = detect_format(path) if fmt == "auto" else fmt
+    limits = resources.settings.limits
     if fmt == "movielens":
-        events, videos = movielens_events(path, resources.settings.limits.min_ts_ms)
+        events, videos = movielens_events(path, limits.min_ts_ms)
         resources.catalog.upsert(videos)
-    elif fmt == "csv":
-        events = list(read_events_csv(path))
     else:
-        raise InvalidInput("format", f"unknown dataset format {fmt!r}")
+        found = read_events(path, limits, fmt)
+        events = found.events
+        if found.shift_ms:
+            log.warning("%s: every timestamp shifted by %+.1f days (the first was before "
+                        "limits.min_ts_ms)", path, found.shift_ms / _DAY_MS)
+        if found.rejected.count:
+            log.warning("%s: %s", path, found.rejected.describe())
     if limit is not None:
         events = events[:limit]
     for start in range(0, len(events), _CHUNK):

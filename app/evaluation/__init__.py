@@ -1,9 +1,11 @@
 """``vidrec eval``: quality of the online trainer and the live service on a replayed dataset.
 
 - :mod:`~app.evaluation.stream`: datasets as events in event-time order, and the split;
-- :mod:`~app.evaluation.metrics`: AUC, logloss, per-window curves, recall/NDCG@k;
-- :mod:`~app.evaluation.baselines`: global and time-decayed popularity;
+- :mod:`~app.evaluation.feed`: positive-only logs: leave-one-out hold-out, added impressions;
+- :mod:`~app.evaluation.metrics`: AUC (per sample, per moment), per-window curves, ranks;
+- :mod:`~app.evaluation.baselines`: global and time-decayed popularity, item co-occurrence;
 - :mod:`~app.evaluation.runner`: the replay through the real trainer and service;
+- :mod:`~app.evaluation.results`: every model's figures on the same rows and queries;
 - :mod:`~app.evaluation.report`: the table, the markdown section and the plot;
 - :mod:`~app.evaluation.cli`: the ``vidrec eval`` arguments.
 

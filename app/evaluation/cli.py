@@ -10,23 +10,43 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from feature_store.errors import InvalidInput
+
 log = logging.getLogger(__name__)
 
-DOC_SECTION = "Quality (MovieLens 100K)"
 _NOT_FIGURES = ("dataset", "json", "no_progress")
 """Options that do not change the figures, left out of the recorded command."""
+
+
+def section_title(title: str) -> str:
+    """The ``--doc`` section of a run: ``Quality (<dataset>[, protocol])``."""
+    return f"Quality ({title})"
 
 
 def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("dataset", help="MovieLens directory (ml-100k or ratings.csv layout), "
                    "or a CSV / Parquet file of events")
     p.add_argument("--format", default="auto", choices=["auto", "movielens", "csv", "parquet"])
+    p.add_argument("--catalog", default=None, metavar="FILE",
+                   help="videos of a CSV / Parquet dataset (CSV, JSON lines or Parquet; "
+                   "without it no retrieval figures)")
+    p.add_argument("--protocol", default="retrieval", choices=["retrieval", "loo"],
+                   help="ranking figures: 'retrieval' asks the service at held-back positives "
+                   "to retrieve and rank; 'loo' holds out each user's last view of a "
+                   "positive-only log and ranks it among --candidates sampled videos")
+    p.add_argument("--negatives", type=int, default=0, metavar="N",
+                   help="positive-only log: add each view's impression and N impressions of "
+                   "videos the user never touched (they time out into negatives)")
+    p.add_argument("--candidates", type=int, default=99,
+                   help="loo: sampled videos ranked beside the held-out one")
     p.add_argument("--redis", metavar="URL", default=None,
                    help="Redis tables and stores in this *empty scratch* database "
                    "(default: embedded in-process backends)")
-    p.add_argument("--queries", type=int, default=500,
-                   help="held-back positives asked of the service (last 20%%)")
-    p.add_argument("--k", type=int, default=20, help="cut-off of recall and NDCG")
+    p.add_argument("--queries", type=int, default=None,
+                   help="retrieval: held-back positives asked of the service (last 20%%; "
+                   "default 500); loo: users held out (default: all with two views)")
+    p.add_argument("--k", type=int, default=None,
+                   help="cut-off of the ranking figures (default 20; 10 with --protocol loo)")
     p.add_argument("--windows", type=int, default=20, help="time windows of the AUC curve")
     p.add_argument("--batch-size", type=int, default=32, help="events per online step")
     p.add_argument("--epochs", type=int, default=10, help="most offline epochs")
@@ -35,7 +55,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--plot", default="eval_auc.png", help="PNG of AUC over time ('' for none)")
     p.add_argument("--json", default=None, help="write every figure here")
     p.add_argument("--doc", default=None,
-                   help=f"rewrite the '## {DOC_SECTION}' section of this markdown file")
+                   help="rewrite this markdown file's '## Quality (<dataset>)' section "
+                   "(the protocol is part of the name)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -56,9 +77,17 @@ def run_eval(args: argparse.Namespace) -> int:
     from app.evaluation.report import markdown, plot, replace_section, text_table
     from app.evaluation.runner import EvalConfig, evaluate
 
+    if args.negatives < 0:
+        raise InvalidInput("--negatives", "must be at least 0")
+    if args.candidates < 1:
+        raise InvalidInput("--candidates", "must be at least 1")
     cfg = EvalConfig(
         dataset=Path(args.dataset),
         fmt=args.format,
+        protocol=args.protocol,
+        negatives=args.negatives,
+        catalog=Path(args.catalog) if args.catalog else None,
+        candidates=args.candidates,
         backend="redis" if args.redis else "memory",
         redis_url=args.redis,
         batch_size=args.batch_size,
@@ -71,7 +100,7 @@ def run_eval(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     result = evaluate(cfg)
-    sys.stdout.write(text_table(result, cfg.k) + "\n")
+    sys.stdout.write(text_table(result) + "\n")
     png = None
     if args.plot:
         png = plot(result, Path(args.plot))
@@ -87,6 +116,7 @@ def run_eval(args: argparse.Namespace) -> int:
             except ValueError:
                 link = str(png)
         section = markdown(result, cfg, command_line(args), link)
-        doc.write_text(replace_section(doc.read_text(), DOC_SECTION, section))
-        log.info("rewrote '## %s' in %s", DOC_SECTION, doc)
+        title = section_title(result.title)
+        doc.write_text(replace_section(doc.read_text(), title, section))
+        log.info("rewrote '## %s' in %s", title, doc)
     return 0

@@ -3,6 +3,11 @@
 AUC and logloss are :mod:`feature_store.quality`'s, the trainer's own.
 Ranking figures take one held-back relevant item per query, so recall@k is
 the hit rate and NDCG@k is ``1 / log2(rank + 1)`` when the item ranks within k.
+
+Per sample or per moment: the trainer makes one sample per labelled event,
+so a view that ends in a ``finish`` and a ``like`` is two positive samples.
+Published figures count one prediction per rating (per moment a user was
+shown a video); :func:`moments` groups samples into those.
 """
 
 from __future__ import annotations
@@ -35,6 +40,39 @@ def rank_of(item: str, ranked: Sequence[str]) -> int | None:
         return ranked.index(item) + 1
     except ValueError:
         return None
+
+
+def rank_in(item: str, candidates: Sequence[str], scores: Floats) -> int:
+    """1-based rank of ``item`` among ``candidates`` by descending score; ties keep the
+    candidates' order (give them in a random order for random tie-breaking)."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    return int(np.flatnonzero(order == list(candidates).index(item))[0]) + 1
+
+
+def moments(
+    user_ids: Sequence[str], video_ids: Sequence[str], ts_ms: npt.NDArray[np.int64],
+    labels: Floats, window_ms: int,
+) -> tuple[npt.NDArray[np.int64], Floats]:
+    """Samples grouped into moments: one (user, video) and the samples within ``window_ms``
+    (the trainer's join window) of its first.
+
+    Returns, per moment in order, the index of its first sample (whose score is the
+    prediction made at the moment, before any of its outcomes was trained on) and its
+    label: positive when any of its samples is.
+    """
+    first: list[int] = []
+    label: list[float] = []
+    open_moment: dict[tuple[str, str], tuple[int, int]] = {}
+    for i, key in enumerate(zip(user_ids, video_ids, strict=True)):
+        ts = int(ts_ms[i])
+        found = open_moment.get(key)
+        if found is not None and ts - found[1] <= window_ms:
+            label[found[0]] = max(label[found[0]], float(labels[i]))
+        else:
+            open_moment[key] = (len(first), ts)
+            first.append(i)
+            label.append(float(labels[i]))
+    return np.asarray(first, dtype=np.int64), np.asarray(label, dtype=np.float64)
 
 
 def recall_ndcg(ranks: Sequence[int | None], k: int) -> tuple[float, float]:

@@ -7,15 +7,17 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from app.evaluation.runner import EvalConfig, EvalResult
+from app.evaluation.results import EvalResult
+from app.evaluation.runner import EvalConfig
 
 _HEADER = (
     "model",
     "AUC last 20%",
+    "per moment",
     "logloss last 20%",
     "AUC all",
     "logloss all",
-    "recall@{k}",
+    "{hit}@{k}",
     "NDCG@{k}",
 )
 
@@ -26,14 +28,25 @@ def _fmt(value: float) -> str:
 
 def rows(result: EvalResult) -> list[list[str]]:
     return [
-        [m.name, _fmt(m.auc_test), _fmt(m.logloss_test), _fmt(m.auc_all), _fmt(m.logloss_all),
-         _fmt(m.recall), _fmt(m.ndcg)]
+        [m.name, _fmt(m.auc_test), _fmt(m.auc_test_moments), _fmt(m.logloss_test),
+         _fmt(m.auc_all), _fmt(m.logloss_all), _fmt(m.recall), _fmt(m.ndcg)]
         for m in result.models
     ]
 
 
-def header(k: int) -> list[str]:
-    return [h.format(k=k) for h in _HEADER]
+def header(result: EvalResult) -> list[str]:
+    hit = "HR" if result.protocol == "loo" else "recall"
+    return [h.format(k=result.k, hit=hit) for h in _HEADER]
+
+
+def random_ranking(candidates: float, k: int) -> tuple[float, float]:
+    """HR@k and NDCG@k of a random order of ``candidates`` videos (one relevant)."""
+    if candidates <= 0:
+        return math.nan, math.nan
+    n = int(round(candidates))
+    hr = min(k, n) / n
+    ndcg = sum(1.0 / math.log2(r + 1) for r in range(1, min(k, n) + 1)) / n
+    return hr, ndcg
 
 
 def _aligned(table: list[list[str]]) -> list[str]:
@@ -56,10 +69,10 @@ def window_header(result: EvalResult) -> list[str]:
     return ["window", "ends (UTC)", *(m.name for m in result.models)]
 
 
-def text_table(result: EvalResult, k: int) -> str:
+def text_table(result: EvalResult) -> str:
     per_window = _aligned([window_header(result), *window_rows(result)])
     return "\n".join([
-        *_aligned([header(k), *rows(result)]), "", summary(result), "",
+        *_aligned([header(result), *rows(result)]), "", summary(result), "",
         f"AUC per window ({len(result.window_ends_ms)} of equal row counts):", *per_window,
     ])
 
@@ -72,34 +85,117 @@ def _md(head: list[str], body: list[list[str]]) -> list[str]:
     ]
 
 
-def summary(result: EvalResult) -> str:
+def _goal(result: EvalResult) -> str:
     online = result.models[0]
-    others = result.models[1:]
-    margins = ", ".join(f"{online.auc_test - m.auc_test:+.4f} vs {m.name}" for m in others)
+    others = [m for m in result.models[1:] if not math.isnan(m.auc_test)]
     popular = [m for m in others if "popularity" in m.name]
     offline = [m for m in others if m.name.startswith("offline")]
+    if math.isnan(online.auc_test) or not popular:
+        return ("no AUC: the last 20% has a single class"
+                + (" (a positive-only log has no negatives: add --negatives N)"
+                   if result.positive_rate == 1.0 else ""))
+    margins = ", ".join(f"{online.auc_test - m.auc_test:+.4f} vs {m.name}" for m in others)
     met = all(online.auc_test >= m.auc_test + 0.03 for m in popular) and all(
         online.auc_test >= m.auc_test for m in offline
     )
-    goal = (f"goal (+0.03 over both popularity baselines, at or above offline) "
-            f"{'met' if met else 'missed'}")
+    return (f"{margins}; goal (+0.03 over both popularity baselines, at or above offline) "
+            f"{'met' if met else 'missed'}. AUC on the first 80% (where settings may be "
+            f"tuned): online {online.auc_fit:.4f}, "
+            + ", ".join(f"{m.name} {m.auc_fit:.4f}" for m in popular))
+
+
+def _ranking(result: EvalResult) -> str:
     fallbacks = ", ".join(f"{k}: {v}" for k, v in sorted(result.service_fallbacks.items()))
+    fallbacks = f" (fallbacks: {fallbacks})" if fallbacks else ""
+    if result.protocol == "loo":
+        hr, ndcg = random_ranking(result.candidates_per_query, result.k)
+        return (
+            f"Ranking (leave-one-out): {result.queries:,} users' last views held out, each "
+            f"ranked by the service among {result.candidates_per_query:.0f} candidates (itself "
+            f"and videos the user never touched); a random order scores HR@{result.k} "
+            f"{hr:.4f}, NDCG@{result.k} {ndcg:.4f}{fallbacks}."
+        )
+    if not result.catalog:
+        return ("Ranking: retrieval figures cannot be computed without the videos' catalog "
+                "(the service retrieves only videos it knows): give --catalog FILE, or use "
+                "--protocol loo, which ranks given candidates.")
     return (
-        f"{result.events:,} events, {result.samples:,} labelled rows (positive rate "
-        f"{result.positive_rate:.3f}); last 20%: {result.test_rows:,} rows, "
-        f"{100 * result.new_test_users:.0f}% of their users ({100 * result.new_test_rows:.0f}% "
-        "of the rows) absent from the first 80%.\n"
-        f"Online AUC on the last 20%: {margins}; {goal}. AUC on the first 80% (where "
-        f"settings may be tuned): online {online.auc_fit:.4f}, "
-        + ", ".join(f"{m.name} {m.auc_fit:.4f}" for m in popular) + ".\n"
         f"Ranking: {result.queries} held-back positives asked of the service; the item was "
         f"among its candidates in {100 * result.service_candidate_recall:.0f}% of them"
-        f"{' (fallbacks: ' + fallbacks + ')' if fallbacks else ''}.\n"
-        f"Offline epochs (valid AUC): "
-        + ", ".join(f"{int(e['epoch'])}: {e['valid_auc']:.4f}" for e in result.offline_epochs)
-        + f"; best {result.offline_best_epoch}.\n"
-        f"Replay {result.online_seconds:.0f} s ({result.events_per_s:,.0f} events/s), "
-        f"total {result.seconds:.0f} s."
+        f"{fallbacks}."
+    )
+
+
+def summary(result: EvalResult) -> str:
+    notes = []
+    if result.shift_days:
+        notes.append(f"Every timestamp was shifted by {result.shift_days:+,.1f} days (the data "
+                     "predates limits.min_ts_ms; relative timing unchanged).")
+    if result.rejected_rows:
+        notes.append(f"{result.rejected_rows:,} rows rejected as invalid, e.g. "
+                     + "; ".join(result.rejected_examples[:3]) + ".")
+    for m in result.models:
+        if m.unscored_test_rows:
+            notes.append(f"{m.name}: {m.unscored_test_rows:,} of the {result.test_rows:,} rows "
+                         "of the last 20% have no score (left out of its figures).")
+    epochs = ", ".join(f"{int(e['epoch'])}: {e['valid_auc']:.4f}" for e in result.offline_epochs)
+    lines = [
+        *notes,
+        f"{result.events:,} events, {result.samples:,} labelled rows (positive rate "
+        f"{result.positive_rate:.3f}); last 20%: {result.test_rows:,} rows "
+        f"({result.test_moments:,} moments), {100 * result.new_test_users:.0f}% of their users "
+        f"({100 * result.new_test_rows:.0f}% of the rows) absent from the first 80%.",
+        f"Online AUC on the last 20%: {_goal(result)}.",
+        _ranking(result),
+        f"Offline epochs (valid AUC): {epochs}; best {result.offline_best_epoch}.",
+        f"Replay {result.online_seconds:.0f} s ({result.events_per_s:,.0f} events/s), offline "
+        f"Wide&Deep {result.offline_seconds:.0f} s, total {result.seconds:.0f} s.",
+    ]
+    return "\n".join(lines)
+
+
+def _labels(result: EvalResult, cfg: EvalConfig) -> str:
+    if result.protocol == "loo" or result.negatives:
+        feed = (
+            f" Each view is preceded by its impression 300 ms before it and by "
+            f"{result.negatives} impression(s), at the same moment, of videos sampled "
+            "uniformly among those the user never touched; nothing follows those, so the "
+            "trainer's joiner times them out into negatives (60 s of event time later)."
+            if result.negatives else " No impressions were added: every sample is positive."
+        )
+        source = ("every rating is one view (a `finish`), whatever its stars"
+                  if "MovieLens" in result.title else "every row is a view")
+        return (f"Labels: a positive-only log ({source}), read as a feed: finish = "
+                f"positive.{feed}")
+    if "MovieLens" in result.title:
+        return ("Labels: rating >= 4 is positive, one weighted sample per rating (the "
+                "trainer's label policy set by settings, see `app/evaluation/stream.py`).")
+    return "Labels: the trainer's default label policy (docs/training.md)."
+
+
+def _ranking_method(result: EvalResult, cfg: EvalConfig) -> str:
+    if result.protocol == "loo":
+        return (
+            f"Ranking (leave-one-out): every user with two views or more has the last one "
+            f"held out of the log; at its moment (when its impression would have been "
+            f"logged) the service's `recommend` ranks `candidates=` that video and "
+            f"{cfg.candidates} videos sampled uniformly among those the user never touched, "
+            f"with the network exported at most {cfg.export_every:,} events earlier. "
+            f"Popularity ranks the same candidates by their positives before the moment "
+            f"(decayed for recent popularity); co-occurrence by, for each video the user "
+            f"liked before, the number of other users who liked both it and the candidate "
+            f"before the moment, summed (`app/evaluation/baselines.py`). Ties are broken by "
+            f"the candidates' random order."
+        )
+    if not result.catalog:
+        return "Ranking: not computed (no catalog)."
+    return (
+        f"Ranking: at {result.queries} sampled held-back positives (first positive of a "
+        f"(user, video) pair in the last 20% of events), just before it is replayed, "
+        f"`recommend` is asked for the user's top {result.k} with the service's clock at the "
+        f"event's time (the network exported at most {cfg.export_every:,} events earlier); "
+        f"the baselines rank every video by (decayed) positives, both excluding the videos "
+        f"the service excluded (the user's watched history)."
     )
 
 
@@ -111,39 +207,40 @@ def method(result: EvalResult, cfg: EvalConfig) -> str:
         "and requests' context; zip codes unused)"
         if result.user_attributes else "; no user attributes (none in the data)"
     )
+    videos = (
+        "movie, first genre (category), all genres (tags), release decade (in the creator "
+        "column)" if "MovieLens" in result.title else
+        "video and its catalog fields" if result.catalog else
+        "video (no catalog: every video known by its id only)"
+    )
     return f"""\
-How: the dataset is replayed in event-time order (ratings sorted by
-(timestamp, user, item)) through the embedded deployment: the in-process
-event log (one partition), the real online trainer consuming it in batches of
-{cfg.batch_size} events, each batch scored *before* its training step
-(prequential, test-then-train), the signal feed and the service. Labels:
-rating >= 4 is positive, one weighted sample per rating (the trainer's label
-policy set by settings, see `app/evaluation/stream.py`). Features (the
-default schema): user, movie, first genre (category), all genres (tags),
-release decade (in the creator column), watched history (>= 3 stars),
-the movie's counters so far, hour of day{users}.
+How: the dataset is replayed in event-time order through the embedded
+deployment: the in-process event log (one partition), the real online
+trainer consuming it in batches of {cfg.batch_size} events, each batch scored
+*before* its training step (prequential, test-then-train), the signal feed
+and the service. {_labels(result, cfg)} Features (the default schema): user,
+{videos}, watched history, the video's counters so far, hour of day{users}.
 
 Rows: every model's "last 20%" figure is over the same {result.test_rows:,}
 rows (the last 20% of the {result.samples:,} labelled rows by (ts, user,
-item)). Popularity: smoothed positive rate of the movie over everything
-before the row; recent popularity: the same with counts decayed with a
+video)); "per moment" counts one score per (user, video) moment instead of
+one per labelled event (a view that ends in a finish and a like is one
+moment, scored by its first sample), {result.test_moments:,} moments.
+Popularity: smoothed positive rate of the video over everything before the
+row; recent popularity: the same with counts decayed with a
 {cfg.half_life_days:g}-day half-life (event time). Offline Wide&Deep: the same
-features (as they stood at each rating), network and optimizers, trained in
+features (as they stood at each event), network and optimizers, trained in
 shuffled epochs on the first 70%, early-stopped on the next 10% (the last
 eighth of the first 80%); its test scores are those of the best validation
-epoch. Ranking: at {result.queries} sampled held-back positives (first
-rating >= 4 of a (user, movie) pair in the last 20% of events), just before
-the rating is replayed, `recommend` is asked for the user's top {cfg.k} with
-the service's clock at the rating's time (the network exported at most
-{cfg.export_every:,} events earlier); the baselines rank every movie by
-(decayed) positives, both excluding the movies the service excluded (the
-user's watched history)."""
+epoch.
+
+{_ranking_method(result, cfg)}"""
 
 
 def markdown(
     result: EvalResult, cfg: EvalConfig, command: str, plot: str | None
 ) -> str:
-    lines = _md(header(cfg.k), rows(result))
+    lines = _md(header(result), rows(result))
     parts = [
         f"Command: `{command}`",
         "",
@@ -158,8 +255,9 @@ def markdown(
     parts += [
         "",
         f"AUC per time window ({len(result.window_ends_ms)} windows of equal row counts; "
-        "the offline model scores only the last 20%; times as replayed: MovieLens 100K "
-        "is shifted to start in 2000, see `feature_store/datasets.py`):",
+        "the offline model scores only the last 20%; times as replayed"
+        + (f", shifted by {result.shift_days:+,.0f} days, see `feature_store/datasets.py`"
+           if result.shift_days else "") + "):",
         "",
         *_md(window_header(result), window_rows(result)),
     ]
@@ -178,7 +276,8 @@ def plot(result: EvalResult, path: Path) -> Path:
     times = mdates.date2num(ends)
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
     for model in result.models:
-        ax.plot(times, model.window_auc, marker="o", markersize=3, label=model.name)
+        if not all(math.isnan(v) for v in model.window_auc):  # ranking-only baselines
+            ax.plot(times, model.window_auc, marker="o", markersize=3, label=model.name)
     ax.xaxis_date()
     ax.axvline(mdates.date2num(datetime.fromtimestamp(result.test_start_ms / 1000, UTC)),
                color="grey",

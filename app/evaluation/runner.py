@@ -8,26 +8,37 @@ and stores):
    records them into the candidate signals and the online trainer
    (``vidrec.components:replay``) trains on them batch by batch, each
    batch scored *before* its step (prequential);
-2. at each sampled held-back positive ``(user, video)`` of the last 20% of
-   the stream, just before its first event is produced, the newest network
-   is exported (when ``export_every`` events were trained since the last
-   export), hot-swapped into the service, and the service's ``recommend``
-   is asked for the user's top ``k`` with its clock at the event's time;
-   the video's rank gives recall@k and NDCG@k.
+2. at each query, before any event at or after its moment is produced, the
+   newest network is exported (when ``export_every`` events were trained
+   since the last export), hot-swapped into the service, and the service's
+   ``recommend`` is asked with its clock at the moment. Two protocols:
+
+   - ``retrieval``: queries are sampled held-back positives ``(user, video)``
+     of the last 20% of the stream; the service retrieves and ranks its own
+     candidates, and the video's rank gives recall@k and NDCG@k. Needs the
+     videos' catalog (without one nothing can be retrieved: not computed);
+   - ``loo`` (leave-one-out, :mod:`~app.evaluation.feed`): every user's last
+     view is held out of the log; the service ranks it among 99 sampled
+     videos the user never touched (``candidates=`` in the request), giving
+     HR@k and NDCG@k (k = 10).
 
 Then, on the very samples the trainer labelled (weight > 0):
 
 - global popularity and recent (decayed) popularity score each one before
-  counting it, and answer the same ranking queries at the same moments,
-  excluding the same already-watched videos the service excluded;
+  counting it, and answer the same ranking queries at the same moments
+  (retrieval: excluding the already-watched videos the service excluded;
+  loo: ranking the same candidates); under ``loo`` item co-occurrence ranks
+  them too (:class:`~app.evaluation.baselines.CoOccurrence`);
 - Wide&Deep trained offline (``vidrec.components:offline``) on the first 80%
   by (ts, user, video), early-stopped on its last eighth, scores the last 20%.
 
-Every model's AUC "on the last 20%" is over exactly the same rows.
+Every model's AUC "on the last 20%" is over exactly the same rows, per
+sample and per moment (:func:`~app.evaluation.metrics.moments`).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import tempfile
@@ -39,13 +50,21 @@ from typing import Any, Literal
 
 import numpy as np
 
-from app.evaluation import baselines
-from app.evaluation.metrics import rank_of, recall_ndcg, windowed_auc, windows
+from app.evaluation.feed import (
+    Sampler,
+    as_feed,
+    check_positive_only,
+    hold_out_last,
+    touched_by_user,
+)
+from app.evaluation.metrics import rank_of
 from app.evaluation.progress import Progress
+from app.evaluation.results import EvalResult, Timing, assemble
 from app.evaluation.stream import (
     Format,
     Split,
     Stream,
+    id_only_videos,
     load_stream,
     rating_label_settings,
     split_samples,
@@ -63,7 +82,6 @@ from feature_store.component import (
 )
 from feature_store.errors import ConfigurationError
 from feature_store.events import Event, EventContext, EventType
-from feature_store.quality import log_loss, roc_auc
 from feature_store.runtime import Resources, open_resources
 from feature_store.settings import Settings
 
@@ -72,6 +90,7 @@ log = logging.getLogger(__name__)
 _CHUNK = 4096
 """Events produced to the log between two drains of the trainer."""
 _DAY_MS = 86_400_000
+Protocol = Literal["retrieval", "loo"]
 
 
 @dataclass
@@ -80,6 +99,11 @@ class EvalConfig:
 
     dataset: Path
     fmt: Format = "auto"
+    protocol: Protocol = "retrieval"
+    negatives: int = 0
+    """Unwatched impressions added per view of a positive-only log (0: the log as is)."""
+    catalog: Path | None = None
+    """Videos of a CSV / Parquet dataset (CSV, JSON lines or Parquet)."""
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None
     """Scratch Redis database for ``backend="redis"`` (must be empty: the eval writes there)."""
@@ -90,9 +114,13 @@ class EvalConfig:
     events 0.723, 128 0.735, 64 0.746, 32 0.752, 16 0.756 at 2.5x the time
     of 32. The production trainer's default (1024) trades this for
     throughput; here each user's first ratings matter most."""
-    queries: int = 500
-    """Held-back positives asked of the live service (sampled from the last 20%)."""
-    k: int = 20
+    queries: int | None = None
+    """Retrieval: held-back positives asked of the service (sampled from the last 20%;
+    None: 500). Leave-one-out: users held out (None: every user with two views)."""
+    k: int | None = None
+    """Cut-off of the ranking figures (None: 20 for retrieval, 10 for leave-one-out)."""
+    candidates: int = 99
+    """Leave-one-out: sampled videos ranked beside the held-out one."""
     windows: int = 20
     """Equal-count time windows of the per-window AUC."""
     export_every: int = 5000
@@ -110,6 +138,15 @@ class EvalConfig:
     settings: dict[str, Any] = field(default_factory=dict)
     """Extra settings sections merged over the evaluation's (e.g. ``{"sparse": {...}}``)."""
 
+    @property
+    def cutoff(self) -> int:
+        return self.k if self.k is not None else (10 if self.protocol == "loo" else 20)
+
+    @property
+    def implicit(self) -> bool:
+        """The dataset is read as a positive-only log (MovieLens: every rating a view)."""
+        return self.protocol == "loo" or self.negatives > 0
+
 
 @dataclass
 class Query:
@@ -121,52 +158,10 @@ class Query:
     before: int = 0
     """Weighted samples trained before the question."""
     seen: frozenset[str] = frozenset()
+    candidates: tuple[str, ...] = ()
+    """Leave-one-out: the videos to rank (the held-out one among them); empty: retrieval."""
     rank: int | None = None
     fallback: str | None = None
-
-
-@dataclass
-class ModelFigures:
-    name: str
-    auc_test: float
-    logloss_test: float
-    auc_all: float = math.nan
-    logloss_all: float = math.nan
-    recall: float = math.nan
-    ndcg: float = math.nan
-    window_auc: list[float] = field(default_factory=list)
-    auc_fit: float = math.nan
-    """AUC on the first 80% (train + validation rows): what settings may be tuned on."""
-
-
-@dataclass
-class EvalResult:
-    dataset: str
-    events: int
-    samples: int
-    test_rows: int
-    positive_rate: float
-    new_test_users: float
-    """Share of test users with no row in the training part (train + validation)."""
-    new_test_rows: float
-    """Share of test rows whose user has no row in the training part."""
-    models: list[ModelFigures]
-    window_ends_ms: list[int]
-    test_start_ms: int
-    offline_epochs: list[dict[str, float]]
-    offline_best_epoch: int
-    queries: int
-    service_candidate_recall: float
-    """Share of queries whose item was among the service's candidates (any rank)."""
-    service_fallbacks: dict[str, int]
-    user_attributes: bool
-    """The users' age group, gender and occupation were features."""
-    seconds: float
-    online_seconds: float
-    events_per_s: float
-
-    def model(self, name: str) -> ModelFigures:
-        return next(m for m in self.models if m.name == name)
 
 
 def eval_settings(
@@ -180,7 +175,7 @@ def eval_settings(
         "seed": cfg.seed,
         "dedupe_window": 0,
     }
-    if kind == "movielens":
+    if kind == "movielens" and not cfg.implicit:  # implicit: every rating a finish, weight 1
         trainer.update(rating_label_settings())
     sections: dict[str, Any] = {
         "data_dir": data_dir,
@@ -281,13 +276,22 @@ class _Online:
 
     def _ask(self, service: Any, query: Query) -> None:
         self.now_s = query.ts / 1000.0
-        # Every candidate, ranked: the top k are the answer to a request for k, and
-        # the rest tell whether the item was retrieved at all.
-        everything = self.resources.settings.api.max_candidates
-        response = service.recommender.recommend(RecommendRequest(
-            user_id=query.user, count=everything,
-            context=self.users.get(query.user, EventContext()),
-        ))
+        context = self.users.get(query.user, EventContext())
+        if query.candidates:
+            # The protocol fixes the candidates: the held-out video is scored even if
+            # the user saw it before (a re-watch), and every candidate comes back ranked.
+            request = RecommendRequest(
+                user_id=query.user, count=len(query.candidates),
+                candidates=list(query.candidates), exclude_seen=False, context=context,
+            )
+        else:
+            # Every candidate, ranked: the top k are the answer to a request for k, and
+            # the rest tell whether the item was retrieved at all.
+            request = RecommendRequest(
+                user_id=query.user, count=self.resources.settings.api.max_candidates,
+                context=context,
+            )
+        response = service.recommender.recommend(request)
         query.rank = rank_of(query.video, [item.video_id for item in response.items])
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
         query.before = self.weighted
@@ -311,52 +315,41 @@ def _offline(
         )
 
 
-def _baseline(
-    name: str,
-    model: baselines.Popularity,
-    weighted: ScoredSamples,
-    queries: list[Query],
-    k: int,
-) -> tuple[np.ndarray, list[int | None]]:
-    stops: dict[int, list[int]] = {}
-    for qi, q in enumerate(queries):
-        stops.setdefault(q.before, []).append(qi)
-    ranks: list[int | None] = [None] * len(queries)
+def plan(cfg: EvalConfig, stream: Stream, settings: Settings) -> list[Query]:
+    """The protocol applied to ``stream`` (its events become those replayed) and its queries.
 
-    def answer(qi: int) -> None:
-        q = queries[qi]
-        ranks[qi] = rank_of(q.video, model.top(k, q.ts, q.seen))
-
-    scores = baselines.prequential(
-        model, weighted.video_ids, weighted.ts_ms.tolist(), weighted.labels, stops, answer
-    )
-    log.info("%s: scored %d samples", name, len(scores))
-    return scores, ranks
-
-
-def _figures(
-    name: str,
-    scores: np.ndarray,
-    weighted: ScoredSamples,
-    test_idx: np.ndarray,
-    slices: list[tuple[int, int]],
-    ranks: list[int | None] | None,
-    k: int,
-) -> ModelFigures:
-    labels = weighted.labels
-    recall, ndcg = recall_ndcg(ranks, k) if ranks is not None else (math.nan, math.nan)
-    fit = np.setdiff1d(np.arange(len(labels)), test_idx)
-    return ModelFigures(
-        auc_fit=roc_auc(scores[fit], labels[fit]),
-        name=name,
-        auc_test=roc_auc(scores[test_idx], labels[test_idx]),
-        logloss_test=log_loss(scores[test_idx], labels[test_idx]),
-        auc_all=roc_auc(scores, labels),
-        logloss_all=log_loss(scores, labels),
-        recall=recall,
-        ndcg=ndcg,
-        window_auc=windowed_auc(scores, labels, slices),
-    )
+    Positive-only reading (``loo`` or ``negatives``): the log is checked to be
+    one, users' last views are held out (``loo``) and impressions are added
+    (``negatives``); see :mod:`app.evaluation.feed`.
+    """
+    follow_up = settings.trainer.join_window_ms
+    if cfg.implicit:
+        what = "--protocol loo" if cfg.protocol == "loo" else "--negatives"
+        check_positive_only(stream.events, what)
+    if cfg.protocol == "loo" and not stream.videos:
+        stream.videos = id_only_videos(stream.events)
+    pool = [v.video_id for v in stream.videos if not v.hidden] or sorted(
+        {e.video_id for e in stream.events})
+    sampler = Sampler(pool, cfg.seed)
+    touched = touched_by_user(stream.events)  # the whole log, held-out views included
+    events = stream.events
+    held = []
+    if cfg.protocol == "loo":
+        events, held = hold_out_last(events, follow_up, sampler, cfg.candidates, cfg.queries)
+    if cfg.negatives:
+        events = as_feed(events, cfg.negatives, sampler, touched, follow_up,
+                         settings.limits.max_id_length)
+    stream.events = events
+    if cfg.protocol == "loo":
+        times = [e.ts for e in events]
+        return [
+            Query(h.user, h.video, bisect.bisect_left(times, h.ts), h.ts,
+                  candidates=h.candidates)
+            for h in held
+        ]
+    if not stream.catalog:
+        return []  # nothing to retrieve from: the report says so
+    return pick_queries(events, cfg.queries if cfg.queries is not None else 500, cfg.seed)
 
 
 def evaluate(cfg: EvalConfig) -> EvalResult:
@@ -365,13 +358,20 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
     with tempfile.TemporaryDirectory(prefix="vidrec-eval-") as tmp:
         root = Path(tmp)
         probe = Settings(data_dir=root / "probe")
-        stream = load_stream(cfg.dataset, cfg.fmt, probe.limits.min_ts_ms, cfg.limit)
+        stream = load_stream(cfg.dataset, cfg.fmt, probe.limits, cfg.limit, cfg.catalog,
+                             cfg.implicit)
         if not stream.events:
             raise ConfigurationError(f"{cfg.dataset}: no events")
-        queries = pick_queries(stream.events, cfg.queries, cfg.seed)
+        if stream.rejected.count:
+            log.warning("%s: %s", cfg.dataset, stream.rejected.describe())
+        if stream.shift_ms:
+            log.log(logging.INFO if stream.kind == "movielens" else logging.WARNING,
+                    "%s: every timestamp shifted by %+.1f days (the first was before "
+                    "limits.min_ts_ms)", cfg.dataset, stream.shift_ms / _DAY_MS)
         settings = eval_settings(
             cfg, root / "online", stream.kind, cfg.backend, bool(stream.users)
         )
+        queries = plan(cfg, stream, settings)
         with open_resources(settings) as resources:
             if cfg.backend == "redis" and resources.redis_client is not None:
                 _check_scratch(resources)
@@ -385,8 +385,11 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
                 resources.redis_client.flushdb()
         weighted = samples.take(np.flatnonzero(samples.weights > 0).tolist())
         split = split_samples(weighted)
+        t0 = time.perf_counter()
         offline = _offline(cfg, stream, split, root)
-    return _result(cfg, stream, weighted, split, offline, queries, online, online_seconds, started)
+        offline_seconds = time.perf_counter() - t0
+    timing = Timing(started, online_seconds, offline_seconds, settings.trainer.join_window_ms)
+    return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks, timing)
 
 
 def _check_scratch(resources: Resources) -> None:
@@ -398,68 +401,3 @@ def _check_scratch(resources: Resources) -> None:
             f"eval --redis: the database holds {keys} keys; give an empty scratch database "
             "(the evaluation writes a catalog, activity and tables there and flushes it after)"
         )
-
-
-def _result(
-    cfg: EvalConfig,
-    stream: Stream,
-    weighted: ScoredSamples,
-    split: Split,
-    offline: OfflineResult,
-    queries: list[Query],
-    online: _Online,
-    online_seconds: float,
-    started: float,
-) -> EvalResult:
-    index = {eid: i for i, eid in enumerate(weighted.event_ids)}
-    test_idx = np.array([index[e] for e in split.test], dtype=np.int64)
-    slices = windows(len(weighted.event_ids), cfg.windows)
-    online_ranks = [q.rank for q in queries]
-    models = [_figures("online Wide&Deep", weighted.scores, weighted, test_idx, slices,
-                       online_ranks, cfg.k)]
-    for name, model in (
-        ("popularity", baselines.Popularity()),
-        (f"recent popularity ({cfg.half_life_days:g} d)",
-         baselines.Popularity(cfg.half_life_days * _DAY_MS)),
-    ):
-        scores, ranks = _baseline(name, model, weighted, queries, cfg.k)
-        models.append(_figures(name, scores, weighted, test_idx, slices, ranks, cfg.k))
-    off_scores = np.full(len(weighted.event_ids), np.nan)
-    for eid, score in zip(offline.test.event_ids, offline.test.scores, strict=True):
-        off_scores[index[eid]] = score
-    labels = weighted.labels
-    models.append(ModelFigures(
-        name=f"offline Wide&Deep (epoch {offline.best_epoch})",
-        auc_test=roc_auc(off_scores[test_idx], labels[test_idx]),
-        logloss_test=log_loss(off_scores[test_idx], labels[test_idx]),
-        window_auc=[
-            math.nan if np.isnan(off_scores[a:b]).any() else roc_auc(off_scores[a:b], labels[a:b])
-            for a, b in slices
-        ],
-    ))
-    fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
-    test_user_rows = [weighted.user_ids[i] for i in test_idx.tolist()]
-    test_users = set(test_user_rows)
-    return EvalResult(
-        dataset=str(cfg.dataset),
-        events=len(stream.events),
-        samples=len(weighted.event_ids),
-        test_rows=len(test_idx),
-        positive_rate=float(labels.mean()) if len(labels) else math.nan,
-        new_test_users=len(test_users - fit_users) / max(1, len(test_users)),
-        new_test_rows=sum(u not in fit_users for u in test_user_rows) / max(1, len(test_user_rows)),
-        models=models,
-        window_ends_ms=[int(weighted.ts_ms[b - 1]) for _, b in slices],
-        test_start_ms=split.test_start_ts,
-        offline_epochs=offline.epochs,
-        offline_best_epoch=offline.best_epoch,
-        queries=len(queries),
-        service_candidate_recall=(
-            sum(q.rank is not None for q in queries) / len(queries) if queries else math.nan
-        ),
-        service_fallbacks=online.fallbacks,
-        user_attributes=bool(stream.users) and cfg.user_attributes,
-        seconds=time.perf_counter() - started,
-        online_seconds=online_seconds,
-        events_per_s=len(stream.events) / max(online_seconds, 1e-9),
-    )

@@ -6,10 +6,13 @@ Formats (the path is always an argument; vidrec never copies data):
   ``ratings.csv``/``movies.csv`` (newer releases), mapped to events by
   :mod:`feature_store.datasets` (genres, release decade); where ``u.user``
   is present, each event's context carries its user's age group, gender and
-  occupation (read as features with ``features.user_attributes``);
-- ``csv`` / ``parquet``: events in vidrec's schema (``event_id, user_id,
-  video_id, type, ts`` and optionally ``watch_ms, duration_ms``). Parquet
-  needs ``pyarrow``.
+  occupation (read as features with ``features.user_attributes``). Read as a
+  positive-only log (``implicit``), every rating is one ``finish``;
+- ``csv`` / ``parquet``: events in vidrec's schema
+  (:mod:`feature_store.event_files`; Parquet needs ``pip install -e ".[eval]"``),
+  with an optional catalog file (``--catalog``: CSV, JSON lines or Parquet of
+  videos). Rows that break the contract are skipped and counted; a file older
+  than ``limits.min_ts_ms`` is shifted as a whole, as MovieLens is.
 
 Ratings are labelled ``rating >= 4``: :func:`rating_label_settings` sets the
 trainer's label policy so that exactly one event per rating carries a loss
@@ -19,18 +22,22 @@ weight, and its label is that (see the function).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from feature_store.catalog.base import Video
 from feature_store.component import ScoredSamples
-from feature_store.datasets import movielens_events, read_events_csv
+from feature_store.datasets import read_movielens
 from feature_store.errors import InvalidInput, NotFound
-from feature_store.events import Event, EventContext, EventType
+from feature_store.event_files import Rejected, read_events, read_videos
+from feature_store.events import Event, EventContext
+from feature_store.settings import EventLimits
 
 Format = Literal["auto", "movielens", "csv", "parquet"]
+_DAY_MS = 86_400_000
+UNKNOWN = "unknown"
+"""Creator and category of a video known only by its id (no catalog)."""
 
 
 @dataclass
@@ -40,6 +47,14 @@ class Stream:
     kind: Literal["movielens", "events"]
     users: dict[str, EventContext] = field(default_factory=dict)
     """Profile context per user id (age group, gender, occupation), where the data has it."""
+    name: str = ""
+    """What the dataset is called in reports: ``MovieLens 100K``, the directory or file name."""
+    catalog: bool = True
+    """The dataset came with its videos (MovieLens, or ``--catalog`` given)."""
+    shift_ms: int = 0
+    """Added to every timestamp (see :func:`feature_store.event_files.time_shift`)."""
+    rejected: Rejected = field(default_factory=Rejected)
+    """Rows of the events and catalog files skipped as invalid."""
 
 
 def detect(path: Path) -> str:
@@ -50,30 +65,86 @@ def detect(path: Path) -> str:
     raise InvalidInput("dataset", f"{path}: not a MovieLens directory, events CSV or Parquet")
 
 
-def load_stream(path: Path, fmt: Format, min_ts_ms: int, limit: int | None = None) -> Stream:
-    """The dataset's events in event-time order (at most ``limit``) and its catalog."""
+def dataset_name(path: Path, kind: str) -> str:
+    """``MovieLens 100K`` for ml-100k, ``MovieLens <dir>`` for other MovieLens
+    directories, the file name for a file of events."""
+    if kind == "movielens":
+        return "MovieLens 100K" if path.name == "ml-100k" else f"MovieLens {path.name}"
+    return path.name
+
+
+def load_stream(
+    path: Path,
+    fmt: Format,
+    limits: EventLimits,
+    limit: int | None = None,
+    catalog: Path | None = None,
+    implicit: bool = False,
+) -> Stream:
+    """The dataset's events in event-time order (at most ``limit``) and its catalog.
+
+    ``implicit`` reads MovieLens as a positive-only log (every rating one
+    ``finish``); files of events are read as they are.
+    """
     path = Path(path)
     if not path.exists():
         raise NotFound(f"dataset {path} does not exist")
     kind = detect(path) if fmt == "auto" else fmt
     if kind == "movielens":
-        events, videos = movielens_events(path, min_ts_ms)
+        if catalog is not None:
+            raise InvalidInput("catalog", "MovieLens brings its own catalog (u.item / movies.csv)")
+        found = read_movielens(path, limits.min_ts_ms, implicit=implicit)
+        events, videos = found.events, found.videos
         users = read_ml100k_users(path) if (path / "u.user").is_file() else {}
         if users:
             events = [
                 e.model_copy(update={"context": users[e.user_id]}) if e.user_id in users else e
                 for e in events
             ]
-        stream = Stream(events, videos, "movielens", users)
-    elif kind == "csv":
-        stream = Stream(list(read_events_csv(path)), [], "events")
-    elif kind == "parquet":
-        stream = Stream(sorted(_read_parquet(path), key=lambda e: e.ts), [], "events")
+        stream = Stream(events, videos, "movielens", users, dataset_name(path, kind),
+                        shift_ms=found.shift_ms)
+    elif kind in ("csv", "parquet"):
+        stream = _events_file(path, kind, limits, catalog)
     else:
         raise InvalidInput("format", f"unknown dataset format {fmt!r}")
     if limit is not None:
         stream.events = stream.events[:limit]
     return stream
+
+
+def _events_file(path: Path, kind: str, limits: EventLimits, catalog: Path | None) -> Stream:
+    found = read_events(path, limits, kind)
+    stream = Stream(found.events, [], "events", name=dataset_name(path, kind),
+                    catalog=catalog is not None, shift_ms=found.shift_ms,
+                    rejected=found.rejected)
+    if catalog is not None:
+        videos, rejected = read_videos(catalog, limits, found.events[0].ts, found.shift_ms)
+        stream.videos = videos
+        stream.rejected.count += rejected.count
+        stream.rejected.examples += rejected.examples
+    return stream
+
+
+def id_only_videos(events: list[Event]) -> list[Video]:
+    """A record for every video the events name, carrying nothing but its id.
+
+    The service scores only videos in its catalog; without a catalog these
+    let it rank given candidates. Every field but the id is the same for all
+    videos (creator and category :data:`UNKNOWN`, uploaded a day before the
+    first event), so they carry no signal; the length is the largest
+    ``duration_ms`` the events give for the video, else a minute (only
+    plays without ``duration_ms`` would read it, and positive-only logs have
+    none).
+    """
+    durations: dict[str, int] = {}
+    for e in events:
+        durations[e.video_id] = max(durations.get(e.video_id, 0), e.duration_ms or 0)
+    uploaded = max(0, min(e.ts for e in events) - _DAY_MS) if events else 0
+    return [
+        Video(video_id=v, creator_id=UNKNOWN, category=UNKNOWN, duration_ms=d or 60_000,
+              uploaded_at=uploaded)
+        for v, d in durations.items()
+    ]
 
 
 _AGE_GROUPS = ((18, "under-18"), (25, "18-24"), (35, "25-34"), (45, "35-44"), (50, "45-49"),
@@ -102,24 +173,6 @@ def read_ml100k_users(directory: Path) -> dict[str, EventContext]:
                 occupation=parts[3][:32] or None,
             )
     return users
-
-
-def _read_parquet(path: Path) -> Iterable[Event]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as exc:
-        raise InvalidInput("format", "reading Parquet needs pyarrow (pip install pyarrow)") from exc
-    for row in pq.read_table(path).to_pylist():
-        yield _event(row)
-
-
-def _event(row: Mapping[str, Any]) -> Event:
-    return Event(
-        event_id=str(row["event_id"]), user_id=str(row["user_id"]),
-        video_id=str(row["video_id"]), type=EventType(row["type"]), ts=int(row["ts"]),
-        watch_ms=int(row.get("watch_ms") or 0),
-        duration_ms=int(row["duration_ms"]) if row.get("duration_ms") else None,
-    )
 
 
 def rating_label_settings() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from app.evaluation.stream import load_stream, split_samples
 from feature_store.component import ScoredSamples
 from feature_store.errors import ConfigurationError, InvalidInput
 from feature_store.quality import roc_auc as auc
+from feature_store.settings import EventLimits
 from tests.factories import write_movielens
 
 MIN_TS = 946_684_800_000
@@ -95,7 +96,7 @@ def test_service_is_asked_at_held_back_positives(result) -> None:  # type: ignor
 def test_cli_prints_table_writes_plot_and_doc_section(movielens, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     doc = tmp_path / "benchmarks.md"
     doc.write_text(
-        "# Benchmarks\n\n## Sparse tables\n\nkept\n\n## Quality (MovieLens 100K)\n\nold\n"
+        "# Benchmarks\n\n## Sparse tables\n\nkept\n\n## Quality (MovieLens ml-tiny)\n\nold\n"
     )
     png = tmp_path / "auc.png"
     code = main(
@@ -208,7 +209,7 @@ def test_replace_section_appends_when_missing() -> None:
 
 
 def test_movielens_stream_uses_genres_and_release_decade(movielens) -> None:  # type: ignore[no-untyped-def]
-    stream = load_stream(movielens[0], "auto", MIN_TS)
+    stream = load_stream(movielens[0], "auto", EventLimits())
     video = stream.videos[0]
     assert video.category in {"action", "comedy", "drama", "sci-fi"}
     assert video.creator_id.startswith("decade-")
@@ -244,7 +245,7 @@ def test_movielens_latest_layout_is_read(tmp_path: Path) -> None:
     (directory / "ratings.csv").write_text(
         "userId,movieId,rating,timestamp\n1,1,4.5,964982703\n1,2,2.0,964982931\n"
     )
-    stream = load_stream(directory, "auto", MIN_TS)
+    stream = load_stream(directory, "auto", EventLimits())
     assert [v.category for v in stream.videos] == ["animation", "action"]
     assert stream.videos[0].tags == ("animation", "comedy")
     assert stream.videos[0].creator_id == "decade-1990s"
@@ -259,7 +260,7 @@ def test_parquet_needs_pyarrow_or_reads_events(tmp_path: Path) -> None:
     except ImportError:
         path.write_bytes(b"PAR1")
         with pytest.raises(InvalidInput, match="pyarrow"):
-            load_stream(path, "auto", MIN_TS)
+            load_stream(path, "auto", EventLimits())
         return
     table = pa.table(
         {
@@ -271,7 +272,7 @@ def test_parquet_needs_pyarrow_or_reads_events(tmp_path: Path) -> None:
         }
     )
     pq.write_table(table, path)
-    assert [e.event_id for e in load_stream(path, "auto", MIN_TS).events] == ["e1"]
+    assert [e.event_id for e in load_stream(path, "auto", EventLimits()).events] == ["e1"]
 
 
 def test_movielens_users_reach_the_features(movielens) -> None:  # type: ignore[no-untyped-def]
@@ -279,7 +280,7 @@ def test_movielens_users_reach_the_features(movielens) -> None:  # type: ignore[
     from feature_store.features.schema import default_schema
     from feature_store.settings import FeatureSettings
 
-    stream = load_stream(movielens[0], "auto", MIN_TS)
+    stream = load_stream(movielens[0], "auto", EventLimits())
     first = stream.events[0]
     assert first.context == stream.users[first.user_id]
     assert first.context.gender in ("M", "F") and first.context.occupation == "student"

@@ -45,7 +45,9 @@ def write_tiny_ml100k(directory: Path) -> None:
     ("rating", "types"),
     [
         (5.0, ["impression", "play", "finish", "like"]),
+        (4.5, ["impression", "play", "finish", "like"]),
         (4.0, ["impression", "play", "finish"]),
+        (3.5, ["impression", "play"]),  # half stars below 4 are not "liked"
         (3.0, ["impression", "play"]),
         (2.0, ["impression", "play"]),
         (1.0, ["impression", "skip", "dislike"]),
@@ -56,6 +58,8 @@ def test_rating_mapping(rating: float, types: list[str]) -> None:
     assert [e.type.value for e in events] == types
     assert [e.ts for e in events] == [1_000_000_000_000 + k for k in range(len(types))]
     plays = [e for e in events if e.type == EventType.PLAY]
+    if rating in (3.0, 3.5):
+        assert plays[0].watch_ratio() == pytest.approx(0.3)
     if rating == 2.0:
         assert plays[0].watch_ratio() == pytest.approx(0.05)
     if rating >= 4.0:
@@ -106,3 +110,20 @@ def test_real_ml100k_maps_every_rating() -> None:
     assert len(videos) == 1682
     assert sum(e.type == EventType.IMPRESSION for e in events) == 100_000
     assert events[0].ts == MIN_TS + 86_400_000
+
+
+def test_rating_at_least_4_is_exactly_the_evaluations_positive_label() -> None:
+    """Under ``vidrec eval``'s label policy one event per rating carries a weight, and its
+    label is ``rating >= 4``: 3.5 is negative, 4 positive (half stars of ml-latest)."""
+    from app.evaluation.stream import rating_label_settings
+    from feature_store.settings import TrainerSettings
+    from trainer.labels import LabelPolicy
+
+    policy = LabelPolicy(TrainerSettings(**rating_label_settings()))
+    for stars in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0):
+        events = rating_events(Rating("1", "2", stars, 1_000_000_000_000), 0)
+        weighted = [
+            (policy.label(e), policy.weight(e.type)) for e in events
+            if policy.label(e) is not None and policy.weight(e.type) > 0
+        ]
+        assert weighted == [(1.0 if stars >= 4 else 0.0, 1.0)], stars
