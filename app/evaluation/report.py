@@ -7,7 +7,8 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from app.evaluation.results import EvalResult
+from app.evaluation.feed import IMPRESSION_LEAD_MS
+from app.evaluation.results import EvalResult, ModelFigures
 from app.evaluation.runner import EvalConfig
 
 _HEADER = (
@@ -56,17 +57,22 @@ def _aligned(table: list[list[str]]) -> list[str]:
     return lines
 
 
+def _curves(result: EvalResult) -> list[ModelFigures]:
+    """Models with an AUC curve (ranking-only baselines have none)."""
+    return [m for m in result.models if not all(math.isnan(v) for v in m.window_auc)]
+
+
 def window_rows(result: EvalResult) -> list[list[str]]:
     """Per window: its end (event time, UTC) and each model's AUC over it."""
     out = []
     for i, end in enumerate(result.window_ends_ms):
         when = datetime.fromtimestamp(end / 1000, UTC).strftime("%Y-%m-%d %H:%M")
-        out.append([str(i + 1), when, *(_fmt(m.window_auc[i]) for m in result.models)])
+        out.append([str(i + 1), when, *(_fmt(m.window_auc[i]) for m in _curves(result))])
     return out
 
 
 def window_header(result: EvalResult) -> list[str]:
-    return ["window", "ends (UTC)", *(m.name for m in result.models)]
+    return ["window", "ends (UTC)", *(m.name for m in _curves(result))]
 
 
 def text_table(result: EvalResult) -> str:
@@ -157,16 +163,16 @@ def summary(result: EvalResult) -> str:
 def _labels(result: EvalResult, cfg: EvalConfig) -> str:
     if result.protocol == "loo" or result.negatives:
         feed = (
-            f" Each view is preceded by its impression 300 ms before it and by "
-            f"{result.negatives} impression(s), at the same moment, of videos sampled "
+            f" Each view is preceded by its impression {IMPRESSION_LEAD_MS} ms before it and by "
+            f"{result.negatives} impression{'s' if result.negatives > 1 else ''}, at the "
+            "same moment, of videos sampled "
             "uniformly among those the user never touched; nothing follows those, so the "
             "trainer's joiner times them out into negatives (60 s of event time later)."
             if result.negatives else " No impressions were added: every sample is positive."
         )
-        source = ("every rating is one view (a `finish`), whatever its stars"
-                  if "MovieLens" in result.title else "every row is a view")
-        return (f"Labels: a positive-only log ({source}), read as a feed: finish = "
-                f"positive.{feed}")
+        source = ("every rating one view (a `finish`, whatever the stars)"
+                  if "MovieLens" in result.title else "every view a positive")
+        return f"Labels: a positive-only log, {source}.{feed}"
     if "MovieLens" in result.title:
         return ("Labels: rating >= 4 is positive, one weighted sample per rating (the "
                 "trainer's label policy set by settings, see `app/evaluation/stream.py`).")
@@ -213,13 +219,16 @@ def method(result: EvalResult, cfg: EvalConfig) -> str:
         "video and its catalog fields" if result.catalog else
         "video (no catalog: every video known by its id only)"
     )
+    watched = (" (>= 3 stars)" if "MovieLens" in result.title and result.protocol != "loo"
+               and not result.negatives else "")
     return f"""\
 How: the dataset is replayed in event-time order through the embedded
 deployment: the in-process event log (one partition), the real online
 trainer consuming it in batches of {cfg.batch_size} events, each batch scored
 *before* its training step (prequential, test-then-train), the signal feed
 and the service. {_labels(result, cfg)} Features (the default schema): user,
-{videos}, watched history, the video's counters so far, hour of day{users}.
+{videos}, watched history{watched}, the video's counters so far, hour of
+day{users}.
 
 Rows: every model's "last 20%" figure is over the same {result.test_rows:,}
 rows (the last 20% of the {result.samples:,} labelled rows by (ts, user,
@@ -275,9 +284,8 @@ def plot(result: EvalResult, path: Path) -> Path:
     ends = [datetime.fromtimestamp(t / 1000, UTC) for t in result.window_ends_ms]
     times = mdates.date2num(ends)
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
-    for model in result.models:
-        if not all(math.isnan(v) for v in model.window_auc):  # ranking-only baselines
-            ax.plot(times, model.window_auc, marker="o", markersize=3, label=model.name)
+    for model in _curves(result):
+        ax.plot(times, model.window_auc, marker="o", markersize=3, label=model.name)
     ax.xaxis_date()
     ax.axvline(mdates.date2num(datetime.fromtimestamp(result.test_start_ms / 1000, UTC)),
                color="grey",

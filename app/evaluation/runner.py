@@ -51,6 +51,7 @@ from typing import Any, Literal
 import numpy as np
 
 from app.evaluation.feed import (
+    HeldOut,
     Sampler,
     as_feed,
     check_positive_only,
@@ -333,7 +334,7 @@ def plan(cfg: EvalConfig, stream: Stream, settings: Settings) -> list[Query]:
     sampler = Sampler(pool, cfg.seed)
     touched = touched_by_user(stream.events)  # the whole log, held-out views included
     events = stream.events
-    held = []
+    held: list[HeldOut] = []
     if cfg.protocol == "loo":
         events, held = hold_out_last(events, follow_up, sampler, cfg.candidates, cfg.queries)
     if cfg.negatives:
