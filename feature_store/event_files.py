@@ -1,6 +1,7 @@
 """Files of events and of videos: what ``vidrec replay`` and ``vidrec eval`` read besides MovieLens.
 
-**Events** (CSV with a header, or Parquet): one row per event, columns named
+**Events** (CSV with a header, Parquet, or JSON lines of the event objects
+``POST /v1/events`` takes): one row per event, columns named
 after :class:`~feature_store.events.Event`'s fields (``event_id, user_id,
 video_id, type, ts`` required; ``watch_ms, duration_ms, recommendation_id,
 model_version`` optional) and, optionally, :class:`~feature_store.events.EventContext`'s
@@ -73,8 +74,8 @@ class Rejected:
             self.examples.append(f"{where}: {error}")
 
     def describe(self) -> str:
-        more = f" (and {self.count - len(self.examples)} more)" if self.count > len(
-            self.examples) else ""
+        unquoted = self.count - len(self.examples)
+        more = f" (and {unquoted} more)" if unquoted else ""
         return f"{self.count} rows rejected: " + "; ".join(self.examples) + more
 
 
@@ -108,21 +109,15 @@ def file_format(path: Path) -> str:
     raise InvalidInput("dataset", f"{path}: expected a .csv, .parquet or .jsonl file")
 
 
-def _rows(path: Path, fmt: str) -> tuple[list[str], Iterator[tuple[int, Mapping[str, Any]]]]:
-    """The file's column names and its rows numbered as a person would count lines."""
+def _rows(path: Path, fmt: str) -> tuple[list[str], Iterable[tuple[int, Mapping[str, Any]]]]:
+    """The file's column names and its rows, numbered as a person counts lines."""
     if not path.is_file():
         raise NotFound(f"{path} does not exist")
     if fmt == "csv":
-        fh = open(path, newline="", encoding="utf-8")
-        reader = csv.DictReader(fh)
-        columns = list(reader.fieldnames or [])
-
-        def csv_rows() -> Iterator[tuple[int, Mapping[str, Any]]]:
-            with fh:
-                for row in reader:
-                    yield reader.line_num, row
-
-        return columns, csv_rows()
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = [(reader.line_num, row) for row in reader]
+            return list(reader.fieldnames or []), rows
     if fmt == "parquet":
         try:
             import pyarrow.parquet as pq

@@ -127,3 +127,31 @@ def test_rating_at_least_4_is_exactly_the_evaluations_positive_label() -> None:
             if policy.label(e) is not None and policy.weight(e.type) > 0
         ]
         assert weighted == [(1.0 if stars >= 4 else 0.0, 1.0)], stars
+
+
+def test_vidrec_replay_shifts_an_old_events_csv_and_reports_bad_rows(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CSV from 1996 is replayed shifted past ``limits.min_ts_ms``, not dead-lettered;
+    a bad row is skipped with a message naming its line and field, the others kept."""
+    from feature_store.datasets import replay_dataset
+
+    old = 830_000_000_000  # 1996-04-20
+    lines = ["event_id,user_id,video_id,type,ts,watch_ms,duration_ms"]
+    lines += [f"e{i},u{i % 3},v{i % 5},finish,{old + i * 60_000},30000,30000" for i in range(9)]
+    lines.append("e9,u1,v1,finish,not-a-time,,")
+    path = tmp_path / "old.csv"
+    path.write_text("\n".join(lines) + "\n")
+    settings = Settings(data_dir=tmp_path / "state")
+    with open_resources(settings) as resources:
+        with caplog.at_level("WARNING"):
+            assert replay_dataset(path, resources) == 9
+        consumer = resources.event_log.consumer("check")
+        consumed = []
+        while batch := consumer.poll(100, timeout_s=0.5):
+            consumed += batch
+        consumer.close()
+    times = [c.event.ts for c in consumed]
+    assert len(times) == 9 and min(times) == MIN_TS + 86_400_000
+    assert times == sorted(times) and times[1] - times[0] == 60_000  # spacing kept
+    assert "shifted by" in caplog.text and "old.csv:11: ts:" in caplog.text
