@@ -200,8 +200,12 @@ def _co_occurrence(weighted: ScoredSamples, queries: list[Query]) -> list[int | 
 
 
 def _offline_scores(weighted: ScoredSamples, offline: OfflineResult) -> Floats:
+    """The offline model's test scores aligned with ``weighted`` (NaN elsewhere, and
+    everywhere when no epoch was chosen: no validation AUC, e.g. a single class)."""
     index = {eid: i for i, eid in enumerate(weighted.event_ids)}
     scores = np.full(len(weighted.event_ids), np.nan)
+    if offline.best_epoch == 0:
+        return scores
     for eid, score in zip(offline.test.event_ids, offline.test.scores, strict=True):
         scores[index[eid]] = score
     return scores
