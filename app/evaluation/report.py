@@ -10,6 +10,7 @@ from pathlib import Path
 from app.evaluation.feed import IMPRESSION_LEAD_MS
 from app.evaluation.results import EvalResult, ModelFigures
 from app.evaluation.runner import EvalConfig
+from app.evaluation.stream import stars_watched
 
 _HEADER = (
     "model",
@@ -219,8 +220,11 @@ def method(result: EvalResult, cfg: EvalConfig) -> str:
         "video and its catalog fields" if result.catalog else
         "video (no catalog: every video known by its id only)"
     )
-    watched = (" (>= 3 stars)" if "MovieLens" in result.title and result.protocol != "loo"
-               and not result.negatives else "")
+    stars = stars_watched(result.positive_watch_ratio)
+    watched = (f" (ratings >= {stars:g}: plays reaching features.positive_watch_ratio "
+               f"{result.positive_watch_ratio:g})"
+               if stars is not None and "MovieLens" in result.title
+               and result.protocol != "loo" and not result.negatives else "")
     return f"""\
 How: the dataset is replayed in event-time order through the embedded
 deployment: the in-process event log (one partition), the real online

@@ -25,6 +25,7 @@ from app.evaluation.metrics import Floats, moments, rank_in, rank_of, recall_ndc
 from app.evaluation.stream import Split, Stream
 from feature_store.component import OfflineResult, ScoredSamples
 from feature_store.quality import log_loss, roc_auc
+from feature_store.settings import Settings
 
 if TYPE_CHECKING:
     from app.evaluation.runner import EvalConfig, Query
@@ -89,6 +90,8 @@ class EvalResult:
     service_fallbacks: dict[str, int]
     user_attributes: bool
     """The users' age group, gender and occupation were features."""
+    positive_watch_ratio: float
+    """``features.positive_watch_ratio``: plays from it are positives and enter the history."""
     seconds: float
     online_seconds: float
     offline_seconds: float
@@ -104,8 +107,6 @@ class Timing:
     """``time.perf_counter()`` when the evaluation began."""
     online_seconds: float
     offline_seconds: float
-    window_ms: int
-    """The trainer's join window: samples of one (user, video) within it are one moment."""
 
 
 @dataclass
@@ -220,11 +221,13 @@ def assemble(
     queries: list[Query],
     fallbacks: dict[str, int],
     timing: Timing,
+    settings: Settings,
 ) -> EvalResult:
-    """The result of a run (see the module doc)."""
+    """The result of a run (see the module doc); ``settings`` are the online run's."""
     index = {eid: i for i, eid in enumerate(weighted.event_ids)}
     test_idx = np.array([index[e] for e in split.test], dtype=np.int64)
-    rows = _Rows.of(weighted, test_idx, cfg.windows, timing.window_ms)
+    # The trainer's join window: samples of one (user, video) within it are one moment.
+    rows = _Rows.of(weighted, test_idx, cfg.windows, settings.trainer.join_window_ms)
     k = cfg.cutoff
     models = [rows.figures("online Wide&Deep", weighted.scores, [q.rank for q in queries], k)]
     for name, model in (
@@ -278,6 +281,7 @@ def assemble(
         ),
         service_fallbacks=fallbacks,
         user_attributes=bool(stream.users) and cfg.user_attributes,
+        positive_watch_ratio=settings.features.positive_watch_ratio,
         seconds=time.perf_counter() - timing.started,
         online_seconds=timing.online_seconds,
         offline_seconds=timing.offline_seconds,

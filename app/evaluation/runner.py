@@ -389,8 +389,9 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
         t0 = time.perf_counter()
         offline = _offline(cfg, stream, split, root)
         offline_seconds = time.perf_counter() - t0
-    timing = Timing(started, online_seconds, offline_seconds, settings.trainer.join_window_ms)
-    return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks, timing)
+    timing = Timing(started, online_seconds, offline_seconds)
+    return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks, timing,
+                    settings)
 
 
 def _check_scratch(resources: Resources) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from feature_store.catalog.base import Video
 from feature_store.component import ScoredSamples
-from feature_store.datasets import read_movielens
+from feature_store.datasets import Rating, rating_events, read_movielens
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.event_files import Rejected, read_events, read_videos
 from feature_store.events import Event, EventContext
@@ -173,6 +173,17 @@ def read_ml100k_users(directory: Path) -> dict[str, EventContext]:
                 occupation=parts[3][:32] or None,
             )
     return users
+
+
+def stars_watched(positive_watch_ratio: float) -> float | None:
+    """The fewest stars whose mapped play reaches ``positive_watch_ratio`` (from there a
+    rating enters the user's watched history); None if none does."""
+    for half_stars in range(1, 11):
+        stars = half_stars / 2
+        ratios = [e.watch_ratio() or 0.0 for e in rating_events(Rating("u", "i", stars, 0), 0)]
+        if max(ratios) >= positive_watch_ratio:
+            return stars
+    return None
 
 
 def rating_label_settings() -> dict[str, Any]:

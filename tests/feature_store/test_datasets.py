@@ -116,10 +116,11 @@ def test_rating_at_least_4_is_exactly_the_evaluations_positive_label() -> None:
     """Under ``vidrec eval``'s label policy one event per rating carries a weight, and its
     label is ``rating >= 4``: 3.5 is negative, 4 positive (half stars of ml-latest)."""
     from app.evaluation.stream import rating_label_settings
-    from feature_store.settings import TrainerSettings
+    from feature_store.settings import FeatureSettings, TrainerSettings
     from trainer.labels import LabelPolicy
 
-    policy = LabelPolicy(TrainerSettings(**rating_label_settings()))
+    policy = LabelPolicy(TrainerSettings(**rating_label_settings()),
+                         FeatureSettings().positive_watch_ratio)
     for stars in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0):
         events = rating_events(Rating("1", "2", stars, 1_000_000_000_000), 0)
         weighted = [
