@@ -219,6 +219,8 @@ def read_events(
 
 
 def _video_row(row: Mapping[str, Any], default_uploaded_at: int, shift_ms: int) -> dict[str, Any]:
+    """A videos-file row as the JSON object ``PUT /v1/videos`` takes: a CSV's text made
+    numbers, booleans and a tag list (the catalog validates strictly)."""
     data = {k: v for k, v in row.items() if _present(v)}
     tags = data.get("tags")
     if isinstance(tags, str):
@@ -226,11 +228,16 @@ def _video_row(row: Mapping[str, Any], default_uploaded_at: int, shift_ms: int) 
     hidden = data.get("hidden")
     if isinstance(hidden, str):
         data["hidden"] = hidden.strip().lower() in ("1", "true", "yes")
+    for name in ("duration_ms", "uploaded_at"):
+        value = data.get(name)
+        if isinstance(value, str):
+            try:
+                data[name] = int(value)
+            except ValueError:
+                raise InvalidInput(name, f"must be an integer, not {value[:32]!r}") from None
     if "uploaded_at" in data:
-        try:
-            data["uploaded_at"] = int(data["uploaded_at"]) + shift_ms
-        except (TypeError, ValueError):
-            raise InvalidInput("uploaded_at", "must be an integer (ms since epoch)") from None
+        if isinstance(data["uploaded_at"], int):
+            data["uploaded_at"] += shift_ms
     else:
         data["uploaded_at"] = default_uploaded_at
     return data
