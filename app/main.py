@@ -130,7 +130,12 @@ async def vidrec_error_handler(request: Request, exc: Exception) -> JSONResponse
     assert isinstance(exc, VidrecError)
     if exc.http_status >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+    headers = None
+    if exc.retry_after_s is not None:
+        headers = {"Retry-After": str(exc.retry_after_s)}
+    elif exc.http_status == 503:  # a backend is down: clients back off rather than hammer it
+        headers = {"Retry-After": "1"}
+    return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=headers)
 
 
 def create_app(

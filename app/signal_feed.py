@@ -73,8 +73,11 @@ class SignalFeed:
 
     def step(self, consumer: EventConsumer) -> int:
         """Record one polled batch; returns how many events it held."""
+        dead_before = consumer.dead_lettered
         records = consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
         if not records:
+            if consumer.dead_lettered != dead_before:
+                consumer.commit()  # past the bad records, or a restart meets them again
             return 0
         events = [r.event for r in records]
         users = list(dict.fromkeys(e.user_id for e in events))
