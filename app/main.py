@@ -150,7 +150,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with ExitStack() as stack:
-            res = resources or stack.enter_context(open_resources(settings))
+            # The service starts (and answers recommendations) with no broker reachable.
+            res = resources or stack.enter_context(
+                open_resources(settings, wait_for_event_log=False)
+            )
             service = stack.enter_context(open_service(res, metrics))
             for extension in extensions:
                 stack.enter_context(extension(service))

@@ -358,6 +358,11 @@ class KafkaEventLog:
     # --- consuming -------------------------------------------------------
 
     def consumer(self, group_id: str) -> KafkaEventConsumer:
+        """A new group member; while connecting in the background, waits for the connection
+        (up to ``kafka.request_timeout_ms``: consumers run in threads of their own)."""
+        connector = self._connector
+        if connector is not None and self._producer is None:
+            connector.join(self._timeout_s)
         self._ready_producer()
         consumer = KafkaEventConsumer(self, group_id)
         self._consumers.append(consumer)
