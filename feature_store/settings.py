@@ -291,6 +291,9 @@ class DashboardSettings(_Section):
     """Consumer lag above which a running trainer is shown as ``lagging``."""
     ack_timeout_s: float = Field(60.0, gt=0)
     """Longest an action waits for the trainer's final acknowledgement, s."""
+    max_pending_actions: int = Field(100, ge=1, le=10_000)
+    """Actions that may wait at once in one API process; more get 429. Waiting holds
+    no thread (a coroutine each), so the bound is on memory and the control stream."""
     audit_shown: int = Field(100, ge=1, le=10_000)
     """Most recent audit entries shown on the page."""
 
