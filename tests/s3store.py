@@ -184,7 +184,9 @@ class Handler(BaseHTTPRequestHandler):
         common = "".join(
             f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>" for p in prefixes
         )
-        token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>" if truncated else ""
+        token = ""
+        if truncated:
+            token = f"<NextContinuationToken>{escape(last)}</NextContinuationToken>"
         xml = (
             f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="{_NS}">'
             f"<Name>{escape(bucket)}</Name><Prefix>{escape(prefix)}</Prefix>"
