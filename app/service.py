@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -65,6 +65,11 @@ class Service:
         if isinstance(log_state, Breaker):
             found["event_log"] = log_state
         return found
+
+
+def _up_of(breaker: Breaker) -> Callable[[], float]:
+    """``vidrec_dependency_up``'s value for one dependency, read at scrape time."""
+    return lambda: float(breaker.up)
 
 
 @contextmanager
@@ -152,7 +157,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         validator=EventValidator(settings.limits),
     )
     for name, breaker in service.dependencies().items():
-        metrics.dependency_up.labels(name).set_function(lambda b=breaker: float(b.up))
+        metrics.dependency_up.labels(name).set_function(_up_of(breaker))
     with ExitStack() as stack:
         if served_log is not None:
             stack.enter_context(served_log)

@@ -21,6 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 
 def free_port() -> int:
@@ -45,7 +46,7 @@ def wait_for_port(port: int, timeout_s: float, process: subprocess.Popen[bytes])
 class _Service:
     process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> _Service:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

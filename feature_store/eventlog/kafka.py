@@ -317,7 +317,7 @@ class KafkaEventLog:
 
     def _send(
         self,
-        records: list[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]],
+        records: Sequence[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]],
         timeout_s: float,
     ) -> None:
         """Send and wait at most ``timeout_s`` for every acknowledgement (a return: durable).

@@ -173,6 +173,14 @@ def running_stack(tmp: Path, with_trainer: bool = True) -> Iterator[Stack]:
             raise
 
 
+def start_embedded(data_dir: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``vidrec up`` (API, trainer, in-process log and stores) on ``port``, once it listens."""
+    env = {"VIDREC_DATA_DIR": str(data_dir), "VIDREC_TRAINER__EXPORT_EVERY_S": "0"}
+    process = vidrec(["up", "--port", str(port)], env, log)
+    wait_for_port(port, 120, process)
+    return process
+
+
 def seed_catalog(url: str, count: int = 60) -> list[str]:
     """``count`` videos, uploaded over the last hour (fresh candidates for everyone)."""
     now = int(time.time() * 1000)

@@ -194,3 +194,58 @@ def broker_figures(run: Run) -> dict[str, Any]:
         group=GROUP,
     )
     return out
+
+
+def embedded_kill(
+    tmp: Path, batches: int = 20, per_batch: int = 10, hides: int = 20
+) -> dict[str, Any]:
+    """``vidrec up``: ``batches`` catalog upserts and ``hides`` hides, SIGKILL right after
+    the last answer, restart; how many acknowledged writes and hides are there."""
+    import signal
+
+    import httpx
+
+    from tests.faults.harness import KEY, start_embedded
+    from tests.services import free_port
+
+    data_dir, log = tmp / "data", tmp / "up.log"
+    now = int(time.time() * 1000)
+    written: list[str] = []
+    hidden: list[str] = []
+    process = start_embedded(data_dir, free_port(), log)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{_port(process)}", timeout=30) as http:
+            for b in range(batches):
+                videos = [
+                    {"video_id": f"kv{b}-{i}", "creator_id": f"kc{i}", "category": "news",
+                     "tags": [], "duration_ms": 60_000, "uploaded_at": now - i}
+                    for i in range(per_batch)
+                ]
+                if http.put("/v1/videos", json={"videos": videos}, headers=KEY).status_code == 200:
+                    written += [str(v["video_id"]) for v in videos]
+            for video_id in written[:hides]:
+                if http.post(f"/v1/videos/{video_id}/hide", headers=KEY).status_code == 200:
+                    hidden.append(video_id)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+    finally:
+        stop(process)
+    port = free_port()
+    process = start_embedded(data_dir, port, log)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            found = {v: http.get(f"/v1/videos/{v}", headers=KEY) for v in written}
+    finally:
+        stop(process)
+    present = [v for v, r in found.items() if r.status_code == 200]
+    still_hidden = [v for v in hidden if found[v].status_code == 200 and found[v].json()["hidden"]]
+    return {
+        "writes_acked": len(written), "writes_present": len(present),
+        "hides_acked": len(hidden), "hides_present": len(still_hidden),
+    }
+
+
+def _port(process: Any) -> int:
+    """The ``--port`` a ``vidrec`` subprocess was started with."""
+    args = list(process.args)
+    return int(args[args.index("--port") + 1])

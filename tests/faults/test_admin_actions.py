@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,9 @@ async def _pending_actions_and_probes(url: str) -> dict[str, Any]:
 def test_pending_actions_are_bounded_and_block_neither_health_nor_ingest(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "data", dashboard={"ack_timeout_s": 4.0})
     with serve_in_thread(create_app(settings)) as url:  # no trainer: nobody acknowledges
-        out = asyncio.run(_pending_actions_and_probes(url))
+        # In a thread of its own: another test may have left this thread's event loop running.
+        with ThreadPoolExecutor(1) as thread:
+            out = thread.submit(lambda: asyncio.run(_pending_actions_and_probes(url))).result()
     assert out["over"].status_code == 429 and "Retry-After" in out["over"].headers
     statuses = [a.json()["status"] for a in out["actions"]]
     assert [a.status_code for a in out["actions"]] == [200] * PENDING

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.faults.harness import KEY, stop, vidrec, wait_until
-from tests.services import free_port, wait_for_port
+from tests.faults.harness import KEY, start_embedded, stop, wait_until
+from tests.services import free_port
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -27,9 +27,7 @@ OLD_MS = 30 * 24 * 3600 * 1000
 
 
 def _up(data_dir: Path, port: int, log: Path) -> tuple[object, httpx.Client]:
-    env = {"VIDREC_DATA_DIR": str(data_dir), "VIDREC_TRAINER__EXPORT_EVERY_S": "0"}
-    process = vidrec(["up", "--port", str(port)], env, log)
-    wait_for_port(port, 120, process)
+    process = start_embedded(data_dir, port, log)
     return process, httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
 
 
