@@ -54,7 +54,7 @@ class KafkaSettings(_Section):
     request_timeout_ms: int = Field(30_000, ge=1000)
     linger_ms: int = Field(5, ge=0)
     """Producer batching delay; a few ms trades latency for throughput."""
-    produce_timeout_ms: int = Field(800, ge=50)
+    produce_timeout_ms: int = Field(600, ge=50)
     """Longest ``POST /v1/events`` waits for the broker's acknowledgement before it
     answers 503 with ``Retry-After`` (the events may still land: clients resend the
     same ``event_id``s, which the trainer trains once). Keeps an answer within 1 s."""

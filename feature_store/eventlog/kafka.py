@@ -393,21 +393,33 @@ class KafkaEventLog:
 
     def _partitions(self, topic: str) -> list[TopicPartition]:
         probe = self._ready_probe()
-        with self._probe_lock, _kafka_errors("metadata"):
+        with self._probe_lock, self._guarded("metadata"):
             partitions = probe.partitions_for_topic(topic) or set()
         return [TopicPartition(topic, p) for p in sorted(partitions)]
 
     def _ready_probe(self) -> KafkaConsumer:
-        if not self.breaker.up:  # offsets and metadata: no waiting on a broker known down
-            raise EventLogUnavailable(f"the broker is down ({self.breaker.last_error})")
         self._ready_producer()
         assert self._probe is not None
         return self._probe
 
+    @contextmanager
+    def _guarded(self, action: str) -> Iterator[None]:
+        """Metadata and offset reads through the breaker: refused at once while the broker
+        is known down (one read per interval tries it), and their failures count."""
+        if not self.breaker.allow():
+            raise EventLogUnavailable(f"the broker is down ({self.breaker.last_error})")
+        try:
+            with _kafka_errors(action):
+                yield
+        except EventLogUnavailable as exc:
+            self.breaker.failed(exc)
+            raise
+        self.breaker.succeeded()
+
     def _end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         """True next offsets (see the module docstring for why a fetch confirms them)."""
         probe = self._ready_probe()
-        with self._probe_lock, _kafka_errors("end offsets"):
+        with self._probe_lock, self._guarded("end offsets"):
             ends: dict[TopicPartition, int] = dict(
                 probe.end_offsets(list(partitions), timeout_ms=self._timeout_ms)
             )
@@ -435,7 +447,7 @@ class KafkaEventLog:
 
     def _beginning_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         probe = self._ready_probe()
-        with self._probe_lock, _kafka_errors("beginning offsets"):
+        with self._probe_lock, self._guarded("beginning offsets"):
             return dict(probe.beginning_offsets(list(partitions), timeout_ms=self._timeout_ms))
 
     # --- inspection ------------------------------------------------------
