@@ -22,7 +22,8 @@ from tests.faults.harness import wait_until as wait
 
 @dataclass
 class Outage:
-    """One dependency down from ``down_at`` to ``up_at`` (``time.monotonic()``)."""
+    """One dependency down from ``down_at`` to ``up_at`` (``time.monotonic()``): from when
+    its process was gone to when it listened again."""
 
     down_at: float
     up_at: float
@@ -98,8 +99,8 @@ def redis_outage(tmp: Path, outage_s: float, before_s: float = 3, after_s: float
         _warm(stack, videos)
         load = Load(stack.url, videos=videos).start()
         time.sleep(before_s)
+        stack.redis.stop()  # SIGTERM; returns once the process is gone
         down_at = time.monotonic()
-        stack.redis.stop()
         time.sleep(outage_s)
         stack.redis.start()  # same port and directory: it reloads its AOF
         up_at = time.monotonic()
@@ -122,8 +123,8 @@ def broker_restarts(
                         events_total=events, videos=videos).start()
             run.loads.append(load)
             wait(lambda load=load: len(load.acked) >= events // 3, 120, "a third of the events")
-            down_at = time.monotonic()
             stack.broker.kill()
+            down_at = time.monotonic()
             time.sleep(outage_s)
             stack.broker.start()
             run.outages.append(Outage(down_at, time.monotonic()))
@@ -169,7 +170,7 @@ def common_figures(run: Run) -> dict[str, Any]:
 def redis_figures(run: Run) -> dict[str, Any]:
     out = common_figures(run)
     outage = run.outages[0]
-    during = [a for a in _answers(run, "recommends") if outage.down_at + 0.5 < a.at < outage.up_at]
+    during = [a for a in _answers(run, "recommends") if outage.down_at < a.at < outage.up_at]
     after = [a for a in _answers(run, "recommends") if a.at > outage.up_at]
     first_normal = next((a.at + a.seconds for a in after if not a.degraded), None)
     out.update(
