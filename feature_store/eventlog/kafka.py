@@ -100,8 +100,9 @@ def producer_config(kafka: KafkaSettings) -> dict[str, Any]:
     kafka-python's idempotent producer counts the broker's
     ``DUPLICATE_SEQUENCE_NUMBER`` (error 46) as a success, and across a
     restart of the test broker (Tansu) that lost acknowledged records (2 of
-    1,200 in the report; tests/faults reproduces the restart). Without it a
-    retried batch may be stored twice, never dropped; the trainer drops the
+    1,200 in issue #13's runs). Without it a retried batch may be stored
+    twice, never dropped (``tests/faults/test_outages.py`` kills and
+    restarts the broker under load and counts); the trainer drops the
     repeats by ``event_id`` (``trainer/dedupe.py``), so training stays
     exactly-once. One request in flight per connection keeps a retried batch
     from overtaking the next one (a user's events stay in order).
@@ -622,7 +623,7 @@ class KafkaEventConsumer:
                         continue  # this group dead-lettered it already (a rebalance re-read)
                     source = source_of(tp.topic, tp.partition, record.offset)
                     letter = DeadLetter(
-                        bad.reason, source, record.key, record.value or b"", self.group_id
+                        bad.reason, source, record.key, record.value or b"", self.group_id or ""
                     )
                     dead.append((tp.partition, record.offset, letter))
                     continue

@@ -493,7 +493,7 @@ class MemoryEventConsumer:
                     continue  # this group dead-lettered it already (a rebalance re-read)
                 source = source_of(self._log.topic, partition, record.offset)
                 letter = StoredDeadLetter(
-                    bad.reason, source, record.key, record.value, self.group_id
+                    bad.reason, source, record.key, record.value, self.group_id or ""
                 )
                 dead.append((partition, record.offset, letter))
                 continue
