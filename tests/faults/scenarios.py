@@ -78,15 +78,20 @@ def topic_ids(stack: Stack) -> Counter[str]:
         partitions = [TopicPartition(topic, p) for p in sorted(reader.partitions_for_topic(topic))]
         reader.assign(partitions)
         reader.seek_to_beginning(*partitions)
-        ends = reader.end_offsets(partitions)
+        ends = reader.end_offsets(partitions)  # may stop short of the last batch on Tansu
         found: Counter[str] = Counter()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(
-            reader.position(tp) < ends[tp] for tp in partitions
-        ):
-            for records in reader.poll(timeout_ms=200).values():
+        idle_since = time.monotonic()
+        while time.monotonic() < deadline:
+            batches = reader.poll(timeout_ms=200)
+            for records in batches.values():
                 for record in records:
                     found[json.loads(record.value)["event_id"]] += 1
+            if batches:
+                idle_since = time.monotonic()
+            caught_up = all(reader.position(tp) >= ends[tp] for tp in partitions)
+            if caught_up and time.monotonic() - idle_since > 2.0:
+                break
         return found
     finally:
         reader.close()

@@ -44,7 +44,8 @@ def test_redis_stopped_under_load_degrades_fast_and_recovers(tmp_path: Path) -> 
 
 
 def test_broker_killed_three_times_loses_no_acknowledged_event(tmp_path: Path) -> None:
-    figures = broker_figures(broker_restarts(tmp_path, runs=3, events=3000, outage_s=4))
+    run = broker_restarts(tmp_path, runs=3, events=3000, outage_s=4, posts_per_s=10)
+    figures = broker_figures(run)
     print(figures)
     _common(figures)
     assert figures["posts_503"] > 0, "the outage was not seen by the client"
