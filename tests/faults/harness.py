@@ -141,14 +141,25 @@ class Stack:
 
     def audited(self) -> Counter[str]:
         """Event ids the trainer trained, as its checkpoints' audit recorded them."""
-        audit = self.data_dir / "trainer" / GROUP / "audit"
-        return Counter(i for p in sorted(audit.glob("*.ids")) for i in p.read_text().split())
+        return Counter(read_audit(self.data_dir / "trainer" / GROUP / "audit"))
 
     def tail_log(self, chars: int = 4000) -> str:
         try:
             return self.log.read_text(errors="replace")[-chars:]
         except FileNotFoundError:
             return ""
+
+
+def read_audit(directory: Path) -> list[str]:
+    """Ids in a trainer's audit segments; one the trainer removes meanwhile (a segment of a
+    checkpoint that never became current, dropped at restart) is skipped."""
+    ids: list[str] = []
+    for path in sorted(directory.glob("*.ids")):
+        try:
+            ids += path.read_text().split()
+        except FileNotFoundError:
+            continue
+    return ids
 
 
 @contextmanager
