@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     serve = with_common(sub.add_parser("serve", help="the HTTP service alone"))
-    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=cmd_serve)
 

@@ -130,7 +130,12 @@ async def vidrec_error_handler(request: Request, exc: Exception) -> JSONResponse
     assert isinstance(exc, VidrecError)
     if exc.http_status >= 500:
         log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+    headers = None
+    if exc.retry_after_s is not None:
+        headers = {"Retry-After": str(exc.retry_after_s)}
+    elif exc.http_status == 503:  # a backend is down: clients back off rather than hammer it
+        headers = {"Retry-After": "1"}
+    return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=headers)
 
 
 def create_app(
@@ -145,7 +150,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with ExitStack() as stack:
-            res = resources or stack.enter_context(open_resources(settings))
+            # The service starts (and answers recommendations) with no broker reachable.
+            res = resources or stack.enter_context(
+                open_resources(settings, wait_for_event_log=False)
+            )
             service = stack.enter_context(open_service(res, metrics))
             for extension in extensions:
                 stack.enter_context(extension(service))

@@ -97,6 +97,12 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.dependency_up = Gauge(
+            "vidrec_dependency_up",
+            "1 while a dependency (redis, event_log) answers, 0 while it is known down",
+            ["dependency"],
+            registry=r,
+        )
 
     def observe_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(seconds)
@@ -111,11 +117,17 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class RequestTimer:
-    """ASGI middleware observing ``vidrec_request_seconds`` per route family.
+UNMATCHED = "unmatched"
+"""Route label of every request that matched no route (404s for unknown paths)."""
 
-    The label is the path's first two segments (``/v1/recommend``,
-    ``/v1/videos``, ``/healthz``), so ids in paths never become labels.
+
+class RequestTimer:
+    """ASGI middleware observing ``vidrec_request_seconds`` per route.
+
+    The label is the template of the route that answered (``/v1/recommend``,
+    ``/v1/videos/{video_id}``), or :data:`UNMATCHED`: only the app's own
+    templates become labels, so ids in paths, and unknown paths sent by
+    anyone, cannot grow the number of series.
     """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
@@ -130,5 +142,6 @@ class RequestTimer:
         try:
             await self.app(scope, receive, send)
         finally:
-            route = "/".join(scope["path"].split("/")[:3]) or "/"
-            self.histogram.labels(route).observe(time.perf_counter() - started)
+            route = getattr(scope.get("route"), "path", None)
+            label = route if isinstance(route, str) else UNMATCHED
+            self.histogram.labels(label).observe(time.perf_counter() - started)

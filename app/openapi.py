@@ -53,8 +53,11 @@ ERROR_DESCRIPTIONS = {
     413: "Body over `api.max_body_bytes`, or a batch over its item limit.",
     422: "Invalid input: `field` names the offending field (`body` when the body itself "
     "could not be read: malformed JSON, not UTF-8, not a JSON object).",
-    503: "A backend (Redis, Kafka) is unreachable, or the service is starting or stopping; "
-    "nothing was written, retry.",
+    429: "Too many requests of this kind are waiting (pending admin actions); retry after "
+    "`Retry-After` seconds.",
+    503: "A backend (Redis, Kafka) is unreachable or did not answer in time, or the service "
+    "is starting or stopping; nothing was acknowledged: retry after `Retry-After` seconds "
+    "(resending events with the same `event_id`s is safe: each is trained once).",
 }
 
 

@@ -152,8 +152,14 @@ class BatchRejected(ErrorBody):
 
 
 class Readiness(_Response):
-    """Answer of ``GET /readyz`` (200 ready, 503 not)."""
+    """Answer of ``GET /readyz``: 200 once the service can answer, degraded or not; 503
+    while it is starting or stopping."""
 
     ready: bool
+    degraded: bool = False
+    """True while a dependency is down or no model is loaded: answers come from fallbacks."""
     checks: dict[str, str]
-    """One entry per dependency: ``ok`` or why not (``model``: the version and provider)."""
+    """One entry per dependency: ``ok`` or ``down: why`` (``model``: the version and provider)."""
+    dependencies: dict[str, dict[str, Any]] = {}
+    """Each dependency's breaker state: ``state`` (``up``/``down``), ``down_for_s``,
+    ``error``, ``trips`` (times it went down)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
@@ -24,6 +24,7 @@ from app.scoring.scorer import Scorer
 from app.scoring.video_table import video_source
 from app.served_log import ServedLogWriter
 from app.signal_feed import SignalFeed, run_signal_feed
+from feature_store.breaker import Breaker, redis_breaker
 from feature_store.events import EventValidator
 from feature_store.features.values import layout_of
 from feature_store.runtime import Resources, families
@@ -53,6 +54,22 @@ class Service:
     @property
     def model(self) -> LoadedModel | None:
         return self.holder.current
+
+    def dependencies(self) -> dict[str, Breaker]:
+        """The circuit breakers of this process's external dependencies, by name."""
+        found: dict[str, Breaker] = {}
+        redis_state = redis_breaker(self.resources.redis_client)
+        if redis_state is not None:
+            found["redis"] = redis_state
+        log_state = getattr(self.resources.event_log, "breaker", None)
+        if isinstance(log_state, Breaker):
+            found["event_log"] = log_state
+        return found
+
+
+def _up_of(breaker: Breaker) -> Callable[[], float]:
+    """``vidrec_dependency_up``'s value for one dependency, read at scrape time."""
+    return lambda: float(breaker.up)
 
 
 @contextmanager
@@ -139,6 +156,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         recommender=recommender,
         validator=EventValidator(settings.limits),
     )
+    for name, breaker in service.dependencies().items():
+        metrics.dependency_up.labels(name).set_function(_up_of(breaker))
     with ExitStack() as stack:
         if served_log is not None:
             stack.enter_context(served_log)

@@ -12,14 +12,23 @@ trainer, so candidate freshness does not wait for training steps.
 Disable with ``api.signal_feed = false`` where another process records the
 signals. A failing backend is logged and retried after a pause; the feed
 never takes the service down.
+
+Embedded (in-process signals, snapshotted under the data directory) the
+signals live in memory, so committing each batch would let a kill -9 lose
+every count since the last snapshot: the feed would never read those events
+again. There the feed snapshots the signals every :data:`SNAPSHOT_EVERY_S`
+and commits only then, after the snapshot: a restart replays the events
+recorded after it (some counted twice at worst, never lost).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from feature_store.errors import VidrecError
 from feature_store.eventlog.base import EventConsumer
@@ -32,6 +41,8 @@ POLL_RECORDS = 2000
 POLL_TIMEOUT_S = 0.1
 """Longest wait for the first record of a poll: bounds the feed's added latency."""
 RETRY_PAUSE_S = 1.0
+SNAPSHOT_EVERY_S = 10.0
+"""Embedded: seconds between snapshots of the signals (each followed by a commit)."""
 
 
 def feed_group(resources: Resources) -> str:
@@ -47,6 +58,11 @@ class SignalFeed:
         self.recorded = 0
         """Events recorded since start."""
         self.last_error: str | None = None
+        snapshot_dir = getattr(signals, "snapshot_dir", None)
+        self._snapshot_dir: Path | None = snapshot_dir if isinstance(snapshot_dir, Path) else None
+        """Where in-process signals are snapshotted (then the feed commits after each)."""
+        self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
+        self._uncommitted = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vidrec-signal-feed", daemon=True)
 
@@ -69,20 +85,38 @@ class SignalFeed:
                 log.exception("signal feed batch failed")
                 self._stop.wait(RETRY_PAUSE_S)
         if consumer is not None:
+            try:
+                self._commit(consumer, final=True)
+            except (VidrecError, OSError) as exc:
+                log.warning("signal feed: final commit failed: %s", exc)
             consumer.close()
 
     def step(self, consumer: EventConsumer) -> int:
         """Record one polled batch; returns how many events it held."""
+        dead_before = consumer.dead_lettered
         records = consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
-        if not records:
-            return 0
-        events = [r.event for r in records]
-        users = list(dict.fromkeys(e.user_id for e in events))
-        histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
-        self.signals.record(events, histories)
+        if records:
+            events = [r.event for r in records]
+            users = list(dict.fromkeys(e.user_id for e in events))
+            histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
+            self.signals.record(events, histories)
+            self.recorded += len(events)
+        if records or consumer.dead_lettered != dead_before:  # past bad records too
+            self._uncommitted = True
+        self._commit(consumer)
+        return len(records)
+
+    def _commit(self, consumer: EventConsumer, final: bool = False) -> None:
+        """Commit what was recorded: at once, or (in-process signals) after a snapshot."""
+        if not self._uncommitted:
+            return
+        if self._snapshot_dir is not None:
+            if not final and time.monotonic() < self._next_snapshot:
+                return
+            self.signals.snapshot(self._snapshot_dir)
+            self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         consumer.commit()
-        self.recorded += len(events)
-        return len(events)
+        self._uncommitted = False
 
     def close(self) -> None:
         self._stop.set()

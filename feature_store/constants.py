@@ -104,6 +104,8 @@ def control_topic(namespace: str) -> str:
 DLQ_REASON_HEADER = "vidrec-dlq-reason"
 DLQ_SOURCE_HEADER = "vidrec-dlq-source"
 """``topic:partition:offset`` of the record that was dead-lettered."""
+DLQ_GROUP_HEADER = "vidrec-dlq-group"
+"""Consumer group that met the bad record (each group dead-letters it once)."""
 
 # --- candidate signals (feature_store.signals) ---------------------------
 TRENDING = f"{REDIS_ROOT}:sig:trend"

@@ -38,7 +38,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -143,6 +143,10 @@ class ControlChannel(Protocol):
         """The first final ack of ``command_id``, or None after ``timeout_s``."""
         ...
 
+    def finals(self, command_ids: Collection[str]) -> dict[str, Ack]:
+        """The first final ack of each of ``command_ids`` that has one (one read for all)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -194,6 +198,15 @@ class MemoryChannel:
         with self._cond:
             self._cond.wait_for(lambda: final() is not None, timeout=timeout_s)
             return final()
+
+    def finals(self, command_ids: Collection[str]) -> dict[str, Ack]:
+        found: dict[str, Ack] = {}
+        with self._cond:
+            for command_id in command_ids:
+                ack = next((a for a in self._acks.get(command_id, ()) if a.final), None)
+                if ack is not None:
+                    found[command_id] = ack
+        return found
 
     def close(self) -> None:
         pass
@@ -257,6 +270,18 @@ class RedisChannel:
             if final is not None or time.monotonic() >= deadline:
                 return final
             time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def finals(self, command_ids: Collection[str]) -> dict[str, Ack]:
+        wanted = set(command_ids)
+        entries = self._call("acks", lambda: self.client.xrevrange(CONTROL_ACKS, count=1000))
+        found: dict[str, Ack] = {}
+        for _, fields in reversed(entries):  # oldest first: the first final ack wins
+            command_id = fields.get(b"id", b"").decode()
+            if command_id in wanted and command_id not in found:
+                ack = Ack.from_json(fields[b"a"])
+                if ack.final:
+                    found[command_id] = ack
+        return found
 
     def close(self) -> None:
         pass  # the client belongs to whoever opened it

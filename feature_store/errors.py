@@ -7,6 +7,7 @@
     ├── Unauthorized (401)           missing or wrong API key
     ├── Forbidden (403)              a valid key whose role may not do this
     ├── Conflict (409)               a state change that cannot apply now
+    ├── TooManyRequests (429)        a bounded queue is full; retry later
     ├── ConfigurationError (500)     settings that cannot work
     └── BackendUnavailable (503)     Redis or Kafka unreachable or failing
         ├── SparseTableUnavailable   the sparse table's backend failed
@@ -25,9 +26,11 @@ class VidrecError(Exception):
 
     http_status: int = 500
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.retry_after_s = retry_after_s
+        """Seconds a client should wait before retrying (the API's ``Retry-After``)."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON body the API returns for this error."""
@@ -76,6 +79,12 @@ class Conflict(VidrecError):
     """A state change that cannot apply now (e.g. promoting a missing version)."""
 
     http_status = 409
+
+
+class TooManyRequests(VidrecError):
+    """A bounded queue (pending admin actions) is full; retry after ``retry_after_s``."""
+
+    http_status = 429
 
 
 class ConfigurationError(VidrecError):

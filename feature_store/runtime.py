@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from feature_store.breaker import redis_breaker
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema, default_schema
 from feature_store.registry import ModelRegistry
 from feature_store.settings import Settings
@@ -107,6 +108,9 @@ class Resources:
             self.served_log.close()
         self.event_log.close()
         if self.redis_client is not None:
+            breaker = redis_breaker(self.redis_client)
+            if breaker is not None:
+                breaker.close()
             self.redis_client.close()
 
 
@@ -255,12 +259,18 @@ def open_redis(settings: Settings) -> redis.Redis:
 
 @contextmanager
 def open_resources(
-    settings: Settings, schema: FeatureSchema | None = None, *, model_name: str | None = None
+    settings: Settings,
+    schema: FeatureSchema | None = None,
+    *,
+    model_name: str | None = None,
+    wait_for_event_log: bool = True,
 ) -> Iterator[Resources]:
     """Open everything per ``settings``; snapshot and close on exit.
 
     ``model_name`` overrides ``settings.sparse.model_name`` for the sparse
     tables (a retrain family trains beside the live one in its own namespace).
+    ``wait_for_event_log=False`` (the service) connects to Kafka in the
+    background instead of failing when no broker answers at start.
     """
     from feature_store.activity import open_activity
     from feature_store.catalog import open_catalog
@@ -278,7 +288,9 @@ def open_resources(
     resources = Resources(
         settings=settings,
         schema=schema,
-        event_log=open_event_log(settings, data_dir=data_dir / "eventlog"),
+        event_log=open_event_log(
+            settings, data_dir=data_dir / "eventlog", wait=wait_for_event_log
+        ),
         catalog=open_catalog(settings, redis_client=store_client, data_dir=data_dir / "catalog"),
         activity=open_activity(settings, redis_client=store_client, data_dir=data_dir / "activity"),
         registry=ModelRegistry(data_dir / "registry"),
@@ -288,7 +300,10 @@ def open_resources(
         },
         redis_client=client,
         served_log=(
-            open_event_log(settings, data_dir=data_dir / "eventlog", stream="served")
+            open_event_log(
+                settings, data_dir=data_dir / "eventlog", stream="served",
+                wait=wait_for_event_log,
+            )
             if settings.served_log.enabled
             else None
         ),

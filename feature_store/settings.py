@@ -11,6 +11,8 @@ their own section here so that the whole configuration stays one document.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -52,6 +54,55 @@ class KafkaSettings(_Section):
     request_timeout_ms: int = Field(30_000, ge=1000)
     linger_ms: int = Field(5, ge=0)
     """Producer batching delay; a few ms trades latency for throughput."""
+    produce_timeout_ms: int = Field(600, ge=50)
+    """Longest ``POST /v1/events`` waits for the broker's acknowledgement before it
+    answers 503 with ``Retry-After`` (the events may still land: clients resend the
+    same ``event_id``s, which the trainer trains once). Keeps an answer within 1 s."""
+    # --- security: passed to every producer, consumer and admin client ---
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How clients talk to the brokers; ``SASL_SSL`` for a managed or shared cluster."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    """SASL mechanism (``SASL_*`` protocols only)."""
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    """PEM file of the CA that signed the brokers' certificates (default: the system's)."""
+    ssl_certfile: Path | None = None
+    """PEM client certificate, for brokers that authenticate clients by TLS (mTLS)."""
+    ssl_keyfile: Path | None = None
+    """PEM private key of ``ssl_certfile``."""
+    ssl_password: SecretStr | None = None
+    """Password of ``ssl_keyfile``, if it is encrypted."""
+    ssl_check_hostname: bool = True
+    """Check that a broker's certificate names the host connected to."""
+
+    @model_validator(mode="after")
+    def _check_security(self) -> KafkaSettings:
+        sasl = self.security_protocol.startswith("SASL")
+        if sasl and (self.sasl_mechanism is None or not self.sasl_username
+                     or self.sasl_password is None):
+            raise ConfigurationError(
+                f"kafka.security_protocol={self.security_protocol} needs sasl_mechanism, "
+                "sasl_username and sasl_password"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ConfigurationError(
+                "kafka.sasl_mechanism: set security_protocol to SASL_SSL or SASL_PLAINTEXT"
+            )
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        files = (self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+        if not tls and any(f is not None for f in files):
+            raise ConfigurationError(
+                "kafka.ssl_*: TLS files are set but security_protocol is "
+                f"{self.security_protocol} (use SSL or SASL_SSL)"
+            )
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigurationError("kafka.ssl_certfile and kafka.ssl_keyfile go together")
+        for name, path in (("ssl_cafile", self.ssl_cafile), ("ssl_certfile", self.ssl_certfile),
+                           ("ssl_keyfile", self.ssl_keyfile)):
+            if path is not None and not path.is_file():
+                raise ConfigurationError(f"kafka.{name}: no file at {path}")
+        return self
 
 
 class EventLogSettings(_Section):
@@ -240,6 +291,9 @@ class DashboardSettings(_Section):
     """Consumer lag above which a running trainer is shown as ``lagging``."""
     ack_timeout_s: float = Field(60.0, gt=0)
     """Longest an action waits for the trainer's final acknowledgement, s."""
+    max_pending_actions: int = Field(100, ge=1, le=10_000)
+    """Actions that may wait at once in one API process; more get 429. Waiting holds
+    no thread (a coroutine each), so the bound is on memory and the control stream."""
     audit_shown: int = Field(100, ge=1, le=10_000)
     """Most recent audit entries shown on the page."""
 
@@ -344,8 +398,9 @@ class TrainerSettings(_Section):
 
     Embedded in ``vidrec up`` the service exposes them instead (the
     component's ``metrics_registry``)."""
-    metrics_host: str = "0.0.0.0"
-    """Address the ``metrics_port`` listener binds."""
+    metrics_host: str = "127.0.0.1"
+    """Address the ``metrics_port`` listener binds: this host only unless set
+    (``0.0.0.0`` in a container whose metrics are scraped from outside)."""
     # --- scale-out: several trainers in one group (trainer/distributed.py) ---
     group_sync: bool = False
     """Share per-partition progress and average the dense network with the other
@@ -397,19 +452,54 @@ class Settings(BaseSettings):
                 "production needs 'kafka'"
             )
         if self.environment == "production":
-            for name in ("api_key", "admin_key"):
-                key = getattr(self.api, name).get_secret_value()
-                if len(key) < 16 or key == DEVELOPMENT_API_KEY:
-                    raise ConfigurationError(
-                        f"api.{name}: production needs a secret of at least 16 characters, "
-                        "not the development default"
-                    )
-            viewer = self.dashboard.viewer_key
-            if viewer is not None and len(viewer.get_secret_value()) < 16:
-                raise ConfigurationError(
-                    "dashboard.viewer_key: production needs a secret of at least 16 characters"
-                )
+            check_production_keys(self)
         return self
+
+
+MIN_KEY_BITS = 64
+"""Least estimated entropy of a production key (``openssl rand -hex 32`` has ~120)."""
+
+
+def key_bits(key: str) -> float:
+    """Estimated entropy of ``key`` in bits: its length times the Shannon entropy of
+    its characters' frequencies. Repeats and short alphabets score low (16 spaces: 0;
+    ``abab...`` of 16: 16), random keys about ``length x log2(alphabet)``."""
+    if not key:
+        return 0.0
+    counts = Counter(key)
+    n = len(key)
+    per_char = -sum(c / n * math.log2(c / n) for c in counts.values())
+    return per_char * n
+
+
+def check_production_keys(settings: Settings) -> None:
+    """Refuse short, guessable, default or shared keys (each role needs its own key)."""
+    keys = {
+        "api.api_key": settings.api.api_key,
+        "api.admin_key": settings.api.admin_key,
+        "api.read_key": settings.api.read_key,
+        "dashboard.viewer_key": settings.dashboard.viewer_key,
+    }
+    seen: dict[str, str] = {}
+    for name, secret in keys.items():
+        if secret is None:
+            continue
+        key = secret.get_secret_value()
+        if len(key) < 16 or key == DEVELOPMENT_API_KEY:
+            raise ConfigurationError(
+                f"{name}: production needs a secret of at least 16 characters, "
+                "not the development default"
+            )
+        if key_bits(key) < MIN_KEY_BITS:
+            raise ConfigurationError(
+                f"{name}: too little entropy (about {key_bits(key):.0f} bits, at least "
+                f"{MIN_KEY_BITS}); use a random key, e.g. `openssl rand -hex 32`"
+            )
+        if key in seen:
+            raise ConfigurationError(
+                f"{name}: the same key as {seen[key]}; each role needs its own key"
+            )
+        seen[key] = name
 
 
 def load_settings(**overrides: object) -> Settings:

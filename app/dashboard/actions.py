@@ -1,5 +1,9 @@
 """Operator actions: each recorded in the audit log before and after it runs.
 
+Actions run as coroutines (:class:`ActionRunner`): waiting for a trainer or
+a hot swap holds no thread. An id names one action (409 on reuse with another
+request), and at most ``dashboard.max_pending_actions`` wait at once (429).
+
 Trainer actions (export, pause, resume, retrain, retrain_stop) go over the
 control channel (:mod:`feature_store.control`) and end with the trainer's
 final acknowledgement, or ``timeout`` when none came within
@@ -15,8 +19,10 @@ an operator never leaves the registry pointing at a model nobody serves.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.dashboard.access import Operator
 from app.dashboard.audit import AuditLog
 from app.service import Service
-from feature_store.control import LIVE, ControlChannel
+from feature_store.control import LIVE, Ack, ControlChannel
 from feature_store.control import Command as ControlCommand
-from feature_store.errors import VidrecError
+from feature_store.errors import Conflict, TooManyRequests, VidrecError
 from feature_store.events import JsonInt
 from feature_store.registry import VERSION_NAME
 
@@ -34,6 +40,8 @@ log = logging.getLogger(__name__)
 
 Action = Literal["export", "pause", "resume", "promote", "rollback", "retrain", "retrain_stop"]
 TRAINER_ACTIONS = ("export", "pause", "resume", "retrain", "retrain_stop")
+AUDIT_LOOKBACK = 5_000
+"""Newest audit entries searched for an earlier use of an action id."""
 
 
 _TARGET = r"^[A-Za-z0-9_-]{1,64}$"
@@ -84,48 +92,167 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def run_action(
-    action: Action,
-    body: ActionRequest,
-    operator: Operator,
-    service: Service,
-    channel: ControlChannel,
-    audit: AuditLog,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """Carry out ``action``; returns the outcome entry written to the audit log."""
-    args = _args(body)
-    target: str = getattr(body, "target", LIVE)
-    command = ControlCommand(action, args, issuer=operator.label, target=target)
-    if body.id:
-        command = ControlCommand(action, args, operator.label, target, body.id)
-    base = {
-        "id": command.id, "actor": operator.name, "role": operator.role,
-        "address": operator.address, "action": action, "target": target, "args": args,
-    }
-    audit.append({**base, "ts_ms": _now_ms(), "status": "requested", "message": ""})
-    result: dict[str, Any] = {}
-    try:
-        if action == "promote":
-            status, message, result = _promote(service, str(args["version"]), timeout_s)
-        elif action == "rollback":
-            status, message, result = _rollback(service, timeout_s)
-        else:
-            channel.send(command)
-            ack = channel.wait(command.id, timeout_s)
-            if ack is None:
-                status = "timeout"
-                message = f"no trainer acknowledged within {timeout_s:g} s (is one running?)"
+FINISHED = ("done", "failed", "timeout")
+"""Outcome statuses of an action (``requested`` is written before it starts)."""
+ACK_POLL_S = 0.05
+"""Seconds between reads of the trainers' acknowledgements while actions wait."""
+
+
+class ActionRunner:
+    """Carries out actions without holding a thread while they wait (one per dashboard).
+
+    Why: ``act`` used to be a plain route, so each action waiting up to
+    ``ack_timeout_s`` for a trainer held one of the web server's worker
+    threads; 41 of them (no trainer running) left none for ``/healthz`` or
+    ``POST /v1/events`` for a minute. Here an action is a coroutine: its
+    blocking steps (audit append, send, registry) run briefly in threads, and
+    every waiting action is resolved by one poller that reads the acks of all
+    of them at once (:meth:`ControlChannel.finals`) every :data:`ACK_POLL_S`.
+
+    An action id names one action: the same id with another action, target
+    or arguments is refused (:class:`Conflict`, 409), and the same request
+    again returns the first one's outcome (waiting for it if it is still
+    running), so a page may resend safely. At most ``max_pending`` actions
+    wait at once; more are refused (:class:`TooManyRequests`, 429).
+    """
+
+    def __init__(
+        self,
+        service: Service,
+        channel: ControlChannel,
+        audit: AuditLog,
+        timeout_s: float,
+        max_pending: int,
+    ) -> None:
+        self.service = service
+        self.channel = channel
+        self.audit = audit
+        self.timeout_s = timeout_s
+        self.max_pending = max_pending
+        self._pending: dict[str, tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = {}
+        self._acks: dict[str, asyncio.Future[Ack]] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def run(self, action: Action, body: ActionRequest, operator: Operator) -> dict[str, Any]:
+        """Carry out ``action``; returns the outcome entry written to the audit log."""
+        args = _args(body)
+        target: str = getattr(body, "target", LIVE)
+        what = {"action": action, "target": target, "args": args}
+        action_id = body.id or uuid.uuid4().hex
+        running = self._pending.get(action_id)
+        if running is not None:
+            _same_action(action_id, running[0], what)
+            return await asyncio.shield(running[1])
+        if body.id:
+            earlier = await asyncio.to_thread(_entries_of, self.audit, action_id)
+            if earlier:
+                _same_action(action_id, earlier[0], what)
+                return earlier[-1]
+            if action_id in self._pending:  # the same id arrived while we read the audit
+                return await self.run(action, body, operator)
+        if len(self._pending) >= self.max_pending:
+            raise TooManyRequests(
+                f"{len(self._pending)} actions are already waiting (dashboard.max_pending_actions)",
+                retry_after_s=max(1, round(self.timeout_s / 4)),
+            )
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[action_id] = (what, done)
+        try:
+            outcome = await self._execute(action_id, action, args, target, operator)
+        except Exception as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: no "never retrieved" warning when nobody else waits
+            raise
+        except BaseException:  # cancelled: whoever waits on the same id is cancelled too
+            done.cancel()
+            raise
+        finally:
+            self._pending.pop(action_id, None)
+        done.set_result(outcome)
+        return outcome
+
+    async def _execute(
+        self, action_id: str, action: Action, args: dict[str, Any], target: str,
+        operator: Operator,
+    ) -> dict[str, Any]:
+        command = ControlCommand(action, args, operator.label, target, action_id)
+        base = {
+            "id": action_id, "actor": operator.name, "role": operator.role,
+            "address": operator.address, "action": action, "target": target, "args": args,
+        }
+        requested = {**base, "ts_ms": _now_ms(), "status": "requested", "message": ""}
+        await asyncio.to_thread(self.audit.append, requested)
+        result: dict[str, Any] = {}
+        try:
+            if action == "promote":
+                status, message, result = await _promote(
+                    self.service, str(args["version"]), self.timeout_s
+                )
+            elif action == "rollback":
+                status, message, result = await _rollback(self.service, self.timeout_s)
             else:
-                status, message, result = ack.status, ack.message, ack.result
-    except VidrecError as exc:
-        status, message = "failed", exc.message
-    outcome = {
-        **base, "ts_ms": _now_ms(), "status": status, "message": message, "result": result,
-    }
-    audit.append(outcome)
-    log.info("dashboard: %s %s by %s: %s %s", action, command.id, operator.label, status, message)
-    return outcome
+                await asyncio.to_thread(self.channel.send, command)
+                ack = await self._wait_ack(command.id)
+                if ack is None:
+                    status = "timeout"
+                    message = (
+                        f"no trainer acknowledged within {self.timeout_s:g} s (is one running?)"
+                    )
+                else:
+                    status, message, result = ack.status, ack.message, ack.result
+        except VidrecError as exc:
+            status, message = "failed", exc.message
+        outcome = {
+            **base, "ts_ms": _now_ms(), "status": status, "message": message, "result": result,
+        }
+        await asyncio.to_thread(self.audit.append, outcome)
+        log.info("dashboard: %s %s by %s: %s %s", action, action_id, operator.label, status,
+                 message)
+        return outcome
+
+    async def _wait_ack(self, command_id: str) -> Ack | None:
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._acks[command_id] = future
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll_acks())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except TimeoutError:
+            return None
+        finally:
+            self._acks.pop(command_id, None)
+
+    async def _poll_acks(self) -> None:
+        """Resolve every waiting action's ack from one read per :data:`ACK_POLL_S`."""
+        while self._acks:
+            try:
+                finals = await asyncio.to_thread(self.channel.finals, list(self._acks))
+            except VidrecError as exc:  # the channel's store is down: keep waiting
+                log.warning("dashboard: reading acknowledgements failed: %s", exc)
+                finals = {}
+            for command_id, ack in finals.items():
+                future = self._acks.get(command_id)
+                if future is not None and not future.done():
+                    future.set_result(ack)
+            await asyncio.sleep(ACK_POLL_S)
+
+
+def _same_action(action_id: str, first: dict[str, Any], what: dict[str, Any]) -> None:
+    """Refuse an id already used for another action, target or arguments."""
+    if {k: first.get(k) for k in what} != what:
+        raise Conflict(
+            f"id: {action_id!r} already names a {first.get('action')} action "
+            f"(target {first.get('target')!r}, args {first.get('args')}); use a new id"
+        )
+
+
+def _entries_of(audit: AuditLog, action_id: str) -> list[dict[str, Any]]:
+    """The audit entries of one action id, oldest first (its request, then its outcome)."""
+    return [e for e in audit.entries(AUDIT_LOOKBACK) if e.get("id") == action_id]
 
 
 def _args(body: ActionRequest) -> dict[str, Any]:
@@ -133,7 +260,7 @@ def _args(body: ActionRequest) -> dict[str, Any]:
     return body.model_dump(exclude={"id", "target"})
 
 
-def _await_served(
+async def _await_served(
     service: Service, version: str, timeout_s: float
 ) -> tuple[bool, str | None]:
     """(True, None) once the service serves ``version``; (False, reason) if it refused."""
@@ -144,27 +271,29 @@ def _await_served(
             return True, None
         if version in service.holder.failed:
             return False, service.holder.failed[version]
-        time.sleep(0.02)
+        await asyncio.sleep(0.02)
     return False, f"not served within {timeout_s:g} s"
 
 
-def _promote(service: Service, version: str, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
+async def _promote(
+    service: Service, version: str, timeout_s: float
+) -> tuple[str, str, dict[str, Any]]:
     registry = service.resources.registry
-    before = registry.active()
-    registry.activate(version)  # NotFound for an unknown version
-    served, reason = _await_served(service, version, timeout_s)
+    before = await asyncio.to_thread(registry.active)
+    await asyncio.to_thread(registry.activate, version)  # NotFound for an unknown version
+    served, reason = await _await_served(service, version, timeout_s)
     if served:
         return "done", f"{version} is active and served", {"version": version, "previous": before}
-    if registry.active() == version and before is not None:
-        registry.rollback()  # never leave the pointer on a model nobody serves
+    if await asyncio.to_thread(registry.active) == version and before is not None:
+        await asyncio.to_thread(registry.rollback)  # never leave the pointer on an unserved model
     return "failed", f"{version} refused by the service ({reason}); {before} stays active", {}
 
 
-def _rollback(service: Service, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
+async def _rollback(service: Service, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     registry = service.resources.registry
-    before = registry.active()
-    version = registry.rollback()  # Conflict when there is nothing to go back to
-    served, reason = _await_served(service, version, timeout_s)
+    before = await asyncio.to_thread(registry.active)
+    version = await asyncio.to_thread(registry.rollback)  # Conflict: nothing to go back to
+    served, reason = await _await_served(service, version, timeout_s)
     if served:
         return "done", f"rolled back from {before} to {version}", {
             "version": version, "previous": before,

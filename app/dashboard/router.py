@@ -35,12 +35,12 @@ from app.dashboard.access import Operator, admin, viewer
 from app.dashboard.actions import (
     Action,
     ActionRequest,
+    ActionRunner,
     ExportRequest,
     PromoteRequest,
     RetrainRequest,
     RetrainStopRequest,
     TrainerActionRequest,
-    run_action,
 )
 from app.dashboard.audit import AuditLog, open_audit_log, recent
 from app.dashboard.sampling import Sampler
@@ -65,6 +65,7 @@ class Dashboard:
     audit: AuditLog
     channel: ControlChannel
     own_series: MetricsSeries | None
+    actions: ActionRunner
     clock: views.CheckpointClock = field(default_factory=views.CheckpointClock)
 
     @property
@@ -86,9 +87,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     own_series = None
     if SERIES_EXTRA not in resources.extras:
         own_series = open_timeseries(settings, resources.redis_client)
-    app.state.dashboard = Dashboard(
-        service, sampler, open_audit_log(resources), control_channel(resources), own_series
+    audit_log = open_audit_log(resources)
+    channel = control_channel(resources)
+    runner = ActionRunner(
+        service, channel, audit_log, settings.dashboard.ack_timeout_s,
+        settings.dashboard.max_pending_actions,
     )
+    app.state.dashboard = Dashboard(service, sampler, audit_log, channel, own_series, runner)
     sampler.start()
     try:
         yield
@@ -177,61 +182,66 @@ def user(
     return views.finite(views.user_insight(dashboard.service, user_id, count))
 
 
-def _act(
+async def _act(
     action: Action, body: ActionRequest, operator: Operator, dashboard: Dashboard
 ) -> dict[str, Any]:
-    """Run one action; answers once it is done, failed or timed out (the audit entry)."""
-    timeout = dashboard.service.resources.settings.dashboard.ack_timeout_s
-    return views.finite(run_action(
-        action, body, operator, dashboard.service, dashboard.channel, dashboard.audit, timeout
-    ))
+    """Run one action; answers once it is done, failed or timed out (the audit entry).
+
+    Waiting holds no thread (:class:`~app.dashboard.actions.ActionRunner`). The
+    same ``id`` sent again answers the first outcome; with another action or
+    body it is refused (409); beyond ``dashboard.max_pending_actions`` waiting, 429.
+    """
+    return views.finite(await dashboard.actions.run(action, body, operator))
 
 
-ACTION_ERRORS = errors(403, 503)
-"""Besides 401/413/422: a viewer key acting (403), the dashboard not up (503). An action
-that fails or times out is still a 200, with ``status`` saying so (it is audited)."""
+ACTION_ERRORS = errors(403, 409, 429, 503)
+"""Besides 401/413/422: a viewer key acting (403), an id already naming another action
+(409), too many actions waiting (429, with ``Retry-After``), the dashboard not up (503).
+An action that fails or times out is still a 200, with ``status`` saying so (audited)."""
 
 
 @router.post("/api/actions/export", responses=ACTION_ERRORS)
-def export(body: ExportRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def export(body: ExportRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
     """Export the target trainer's model now (a new registry version)."""
-    return _act("export", body, operator, dashboard)
+    return await _act("export", body, operator, dashboard)
 
 
 @router.post("/api/actions/pause", responses=ACTION_ERRORS)
-def pause(body: TrainerActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def pause(body: TrainerActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
     """Pause the target trainer (it stops consuming; serving goes on)."""
-    return _act("pause", body, operator, dashboard)
+    return await _act("pause", body, operator, dashboard)
 
 
 @router.post("/api/actions/resume", responses=ACTION_ERRORS)
-def resume(body: TrainerActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def resume(body: TrainerActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
     """Resume a paused trainer."""
-    return _act("resume", body, operator, dashboard)
+    return await _act("resume", body, operator, dashboard)
 
 
 @router.post("/api/actions/promote", responses=ACTION_ERRORS)
-def promote(body: PromoteRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def promote(body: PromoteRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
     """Make ``version`` the active one; done once this service serves it."""
-    return _act("promote", body, operator, dashboard)
+    return await _act("promote", body, operator, dashboard)
 
 
 @router.post("/api/actions/rollback", responses=ACTION_ERRORS)
-def rollback(body: ActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def rollback(body: ActionRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
     """Go back to the previously active version."""
-    return _act("rollback", body, operator, dashboard)
+    return await _act("rollback", body, operator, dashboard)
 
 
 @router.post("/api/actions/retrain", responses=ACTION_ERRORS)
-def retrain(body: RetrainRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def retrain(body: RetrainRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
     """Start a new model family replaying the event log from ``from_ts_ms``."""
-    return _act("retrain", body, operator, dashboard)
+    return await _act("retrain", body, operator, dashboard)
 
 
 @router.post("/api/actions/retrain_stop", responses=ACTION_ERRORS)
-def retrain_stop(body: RetrainStopRequest, operator: Admin, dashboard: Board) -> dict[str, Any]:
+async def retrain_stop(
+    body: RetrainStopRequest, operator: Admin, dashboard: Board
+) -> dict[str, Any]:
     """Stop a retrain family (its exported versions stay in the registry)."""
-    return _act("retrain_stop", body, operator, dashboard)
+    return await _act("retrain_stop", body, operator, dashboard)
 
 
 @router.get(

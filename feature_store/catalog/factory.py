@@ -23,12 +23,11 @@ def open_catalog(
     per process is shared by every store, and whoever opened it closes it
     after closing the store. ``data_dir`` is where the embedded catalog's
     snapshots live; the owner (:class:`feature_store.runtime.Resources`)
-    snapshots and restores it there, so opening reads nothing from disk and
-    the parameter only keeps the factories' signatures alike.
+    snapshots and restores it there (opening reads nothing from disk), and
+    the catalog journals each write there (fsynced before it is answered).
     """
-    del data_dir  # see the docstring: persistence is the owner's call
     if settings.stores.backend == "redis":
         if redis_client is None:
             raise ConfigurationError("stores.backend is 'redis' but no Redis client was given")
         return RedisCatalog(redis_client, chunk=settings.redis.batch_chunk)
-    return MemoryCatalog()
+    return MemoryCatalog(journal_dir=data_dir)

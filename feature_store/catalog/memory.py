@@ -15,6 +15,7 @@ from types import TracebackType
 
 from feature_store.atomic import atomic_text
 from feature_store.catalog.base import Video
+from feature_store.catalog.journal import CatalogJournal, has_journal, read_journals
 from feature_store.changelog import ChangeLog
 from feature_store.errors import InvalidInput, NotFound
 
@@ -81,10 +82,15 @@ class MemoryCatalog:
 
     Persistence is driven by the owner (``Resources.snapshot`` / ``restore``
     in :mod:`feature_store.runtime`), not by :meth:`close`, so a snapshot is
-    written once per shutdown.
+    written once per shutdown. Given a ``journal_dir`` (the embedded data
+    directory's ``catalog/``), every write is also fsynced to a journal
+    before it is applied (:mod:`feature_store.catalog.journal`), so what an
+    API call was told is written survives a kill -9; :meth:`restore` replays
+    the journal after the snapshot.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, journal_dir: Path | None = None) -> None:
+        self._journal = None if journal_dir is None else CatalogJournal(journal_dir)
         self._videos: dict[str, Video] = {}
         self._visible: list[tuple[int, str]] = []
         self._lock = threading.Lock()
@@ -107,6 +113,8 @@ class MemoryCatalog:
     def upsert(self, videos: Sequence[Video]) -> None:
         """Insert or replace videos (keeps nothing of a replaced record)."""
         with self._lock:
+            if self._journal is not None:
+                self._journal.append(videos)  # durable before it is visible or answered
             if len(videos) * _REBUILD_FRACTION > len(self._visible):
                 self._videos.update((video.video_id, video) for video in videos)
                 self._rebuild_index()
@@ -130,6 +138,8 @@ class MemoryCatalog:
             if old.hidden == hidden:
                 return old
             new = old.model_copy(update={"hidden": hidden})
+            if self._journal is not None:
+                self._journal.append([new])
             self._videos[video_id] = new
             self.changes.append((video_id,))
             if hidden:
@@ -186,14 +196,30 @@ class MemoryCatalog:
     def snapshot(self, directory: Path) -> None:
         """Write every video to ``directory`` (atomically replaces an old snapshot).
 
-        Only the copy of the values is taken under the lock; serializing a
-        million videos happens outside it so that serving is not stalled.
+        Only the copy of the values is taken under the lock (the journal is
+        rotated in the same critical section, so each write is in the copy or
+        in the new journal); serializing a million videos happens outside it
+        so that serving is not stalled.
         """
-        write_snapshot(directory, self.iter_all())
+        journal = self._journal if self._journal is not None and (
+            self._journal.directory == directory
+        ) else None
+        with self._lock:
+            videos = list(self._videos.values())
+            if journal is not None:
+                journal.rotate()
+        write_snapshot(directory, videos)
+        if journal is not None:
+            journal.drop_rotated()
 
     def restore(self, directory: Path) -> int:
-        """Replace the whole catalog with a snapshot from any backend; returns its size."""
-        videos = {video.video_id: video for video in read_snapshot(directory)}
+        """Replace the whole catalog with a snapshot from any backend, then the writes
+        journalled after it (when ``directory`` holds a journal); returns its size."""
+        videos: dict[str, Video] = {}
+        if (directory / SNAPSHOT_FILE).is_file() or not has_journal(directory):
+            videos = {video.video_id: video for video in read_snapshot(directory)}  # or NotFound
+        for video in read_journals(directory):
+            videos[video.video_id] = video
         with self._lock:
             self._videos = videos
             self._rebuild_index()
@@ -201,4 +227,6 @@ class MemoryCatalog:
         return len(videos)
 
     def close(self) -> None:
-        """Nothing to release; the owner snapshots first if it wants to keep the data."""
+        """Close the journal; the owner snapshots first if it wants a compact copy."""
+        if self._journal is not None:
+            self._journal.close()

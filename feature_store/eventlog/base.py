@@ -14,8 +14,11 @@ Shared semantics (the same tests run against each backend):
   topic with the reason and its source position, and consumption carries on
   past it; ``poll`` never raises for bad data.
 - ``seek_to_timestamp`` and ``seek`` move a consumer for replay and retraining.
-- A bad record is dead-lettered each time a consumer meets it (a second
-  group, or a replay, adds another entry), as with a Kafka DLQ topic.
+- A bad record is dead-lettered once per consumer group, naming the group
+  (the trainer's and the signal feed's each add one entry); a commit moves
+  past the bad records dead-lettered right at the committed position, so a
+  bad record last in its partition is not met (and dead-lettered) again
+  after a restart. A replay (``seek``) may meet it again and add an entry.
 - Closing a log closes the consumers it made; a closed log or consumer raises
   :class:`~feature_store.errors.EventLogUnavailable`. Seeking or committing a
   partition this consumer does not own raises
@@ -72,6 +75,8 @@ class DeadLetter:
     """``topic:partition:offset`` of the bad record."""
     key: bytes | None
     value: bytes
+    group: str = ""
+    """Consumer group that met it ("" in entries written before groups were named)."""
 
 
 @runtime_checkable
@@ -87,7 +92,17 @@ class EventConsumer(Protocol):
         ...
 
     def commit(self, positions: Sequence[Position] | None = None) -> None:
-        """Commit ``positions`` (next offsets to read), or everything polled so far."""
+        """Commit ``positions`` (next offsets to read), or everything polled so far.
+
+        A position at the first of a run of records this consumer dead-lettered
+        is committed past the run; so is such a run at the last commit of an
+        assigned partition that ``positions`` leaves out.
+        """
+        ...
+
+    @property
+    def dead_lettered(self) -> int:
+        """Records this consumer dead-lettered so far (a reason to commit an empty poll)."""
         ...
 
     def committed(self) -> list[Position]:
@@ -142,9 +157,15 @@ class EventConsumer(Protocol):
 class EventLog(Protocol):
     """Producer side plus a factory of consumers. Use as a context manager."""
 
-    def produce(self, events: Sequence[Any]) -> None:
+    def produce(self, events: Sequence[Any], timeout_s: float | None = None) -> None:
         """Append items of the log's stream (:class:`Event` for the event log), keyed by
-        ``user_id``; returns once they are durable."""
+        ``user_id``; returns once they are durable.
+
+        ``timeout_s`` bounds the wait for the acknowledgement (default: the
+        backend's request timeout); past it, or while the backend is known
+        to be down, :class:`~feature_store.errors.EventLogUnavailable` is
+        raised and the items may or may not be stored (at least once).
+        """
         ...
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
@@ -188,3 +209,80 @@ class EventLog(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class DeadRuns:
+    """Runs of consecutive records one consumer dead-lettered, per partition.
+
+    Why: a consumer commits the positions of what it *processed*, and a bad
+    record is not processed, so a bad record last in its partition was
+    never committed past and was dead-lettered again after every restart.
+    The consumers record here what they dead-lettered and :meth:`past`
+    moves a commit over a run that starts where the commit stands. Both
+    backends use it. Bounded by the bad records met while a consumer lives;
+    runs behind a committed position are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[int, dict[int, int]] = {}
+        """Per partition: first offset of a run -> offset after its last record."""
+        self._ends: dict[int, dict[int, int]] = {}
+        """Per partition: offset after a run -> its first offset."""
+
+    def add(self, partition: int, offset: int) -> None:
+        runs = self._runs.setdefault(partition, {})
+        ends = self._ends.setdefault(partition, {})
+        if self.holds(partition, offset):
+            return
+        start = ends.pop(offset, offset)  # extends the run that ends right here
+        end = offset + 1
+        following = runs.pop(end, None)  # joins the run that starts right after
+        if following is not None:
+            del ends[following]
+            end = following
+        runs[start] = end
+        ends[end] = start
+
+    def holds(self, partition: int, offset: int) -> bool:
+        """Whether ``offset`` was dead-lettered by this consumer already."""
+        return any(start <= offset < end for start, end in self._runs.get(partition, {}).items())
+
+    def past(self, partition: int, offset: int) -> int:
+        """``offset``, moved past a dead-lettered run starting there; older runs dropped."""
+        runs = self._runs.get(partition)
+        if not runs:
+            return offset
+        offset = runs.get(offset, offset)
+        ends = self._ends[partition]
+        for start in [start for start, end in runs.items() if end <= offset]:
+            del ends[runs.pop(start)]
+        return offset
+
+    def partitions(self) -> list[int]:
+        return [p for p, runs in self._runs.items() if runs]
+
+
+def past_dead_letters(
+    positions: Sequence[Position],
+    dead: DeadRuns,
+    assigned: Sequence[int],
+    last_commit: dict[int, int],
+    first_seen: dict[int, int],
+) -> dict[int, int]:
+    """The offsets to commit for ``positions``, moved past dead-lettered runs.
+
+    An assigned partition that ``positions`` leaves out is committed too
+    when a run starts where it stands (its last commit by this consumer,
+    else the first record polled from it): a partition whose only new
+    records were bad ones gets past them.
+    """
+    chosen = {p.partition: dead.past(p.partition, p.offset) for p in positions}
+    for partition in dead.partitions():
+        if partition in chosen or partition not in assigned:
+            continue
+        base = last_commit.get(partition, first_seen.get(partition))
+        if base is not None:
+            moved = dead.past(partition, base)
+            if moved != base:
+                chosen[partition] = moved
+    return chosen

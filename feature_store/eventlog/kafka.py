@@ -47,17 +47,77 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
-from feature_store.constants import DLQ_REASON_HEADER, DLQ_SOURCE_HEADER
+from feature_store.breaker import Breaker
+from feature_store.constants import DLQ_GROUP_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER
 from feature_store.errors import Conflict, EventLogUnavailable
-from feature_store.eventlog.base import ConsumedEvent, DeadLetter, Position
+from feature_store.eventlog.base import (
+    ConsumedEvent,
+    DeadLetter,
+    DeadRuns,
+    Position,
+    past_dead_letters,
+)
 from feature_store.eventlog.codec import BadRecord, source_of
 from feature_store.eventlog.streams import StreamSpec, stream_spec
-from feature_store.settings import Settings
+from feature_store.settings import KafkaSettings, Settings
 
 DEAD_LETTER_PARTITIONS = 1
 """The dead-letter topic is low-volume; one partition keeps it in arrival order."""
 MAX_DEAD_VALUE_BYTES = 900 * 1024
 """A dead letter's value is cut to this, under the producer's 1 MiB request limit."""
+
+
+def client_config(kafka: KafkaSettings) -> dict[str, Any]:
+    """Connection and security settings of every producer, consumer and admin client."""
+    config: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers.split(","),
+        "client_id": kafka.client_id,
+        "request_timeout_ms": kafka.request_timeout_ms,
+        # Without this an unreachable broker hangs each client for 30 s.
+        "bootstrap_timeout_ms": kafka.request_timeout_ms,
+        "security_protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism is not None:
+        config["sasl_mechanism"] = kafka.sasl_mechanism
+        config["sasl_plain_username"] = kafka.sasl_username
+        assert kafka.sasl_password is not None  # KafkaSettings checks it
+        config["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        config["ssl_check_hostname"] = kafka.ssl_check_hostname
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(kafka, name)
+            if path is not None:
+                config[name] = str(path)
+        if kafka.ssl_password is not None:
+            config["ssl_password"] = kafka.ssl_password.get_secret_value()
+    return config
+
+
+def producer_config(kafka: KafkaSettings) -> dict[str, Any]:
+    """How records are produced so that an acknowledged one is never lost.
+
+    ``acks="all"``, retried until delivered, and **idempotence off**:
+    kafka-python's idempotent producer counts the broker's
+    ``DUPLICATE_SEQUENCE_NUMBER`` (error 46) as a success, and across a
+    restart of the test broker (Tansu) that lost acknowledged records (2 of
+    1,200 in issue #13's runs). Without it a retried batch may be stored
+    twice, never dropped (``tests/faults/test_outages.py`` kills and
+    restarts the broker under load and counts); the trainer drops the
+    repeats by ``event_id`` (``trainer/dedupe.py``), so training stays
+    exactly-once. One request in flight per connection keeps a retried batch
+    from overtaking the next one (a user's events stay in order).
+    ``max_block_ms`` bounds ``send`` when metadata or buffer space is
+    missing, to the ingest route's budget.
+    """
+    return {
+        "acks": "all",
+        "enable_idempotence": False,
+        "max_in_flight_requests_per_connection": 1,
+        "retries": 2**31 - 1,
+        "retry_backoff_ms": 100,
+        "linger_ms": kafka.linger_ms,
+        "max_block_ms": kafka.produce_timeout_ms,
+    }
 
 
 @contextmanager
@@ -98,17 +158,13 @@ class KafkaEventLog:
         self._start_lock = threading.Lock()
         self._consumers: list[KafkaEventConsumer] = []
         self._closed = False
+        self.breaker = Breaker("kafka")
+        """Down after a produce failed or timed out; half-open trials bring it back."""
+        self._connector: threading.Thread | None = None
 
     def client_config(self) -> dict[str, Any]:
         """Connection settings shared by every client this log makes."""
-        kafka = self.settings.kafka
-        return {
-            "bootstrap_servers": kafka.bootstrap_servers.split(","),
-            "client_id": kafka.client_id,
-            "request_timeout_ms": kafka.request_timeout_ms,
-            # Without this an unreachable broker hangs each client for 30 s.
-            "bootstrap_timeout_ms": kafka.request_timeout_ms,
-        }
+        return client_config(self.settings.kafka)
 
     # --- lifecycle -------------------------------------------------------
 
@@ -122,6 +178,7 @@ class KafkaEventLog:
             raise EventLogUnavailable("the event log is closed")
         if self._producer is not None:
             return self
+        kafka = self.settings.kafka
         try:
             with _kafka_errors("start"):
                 self._create_topics()
@@ -132,15 +189,37 @@ class KafkaEventLog:
                     # It fetches only to read high watermarks: keep fetches small.
                     max_partition_fetch_bytes=64 * 1024,
                 )
-                self._producer = KafkaProducer(
-                    **self.client_config(),
-                    acks="all",
-                    linger_ms=self.settings.kafka.linger_ms,
-                    max_block_ms=self.settings.kafka.request_timeout_ms,
-                )
+                self._producer = KafkaProducer(**self.client_config(), **producer_config(kafka))
         except BaseException:
             self._release()  # not closed: start() may be tried again
             raise
+        return self
+
+    def start_in_background(self, retry_s: float = 2.0) -> KafkaEventLog:
+        """Connect from a daemon thread, retrying every ``retry_s`` until a broker answers.
+
+        For the service (``vidrec serve``), which must start and answer
+        recommendations while no broker is reachable: until the first
+        connect succeeds, producing and making consumers raise
+        :class:`EventLogUnavailable` at once instead of waiting on the broker.
+        """
+        if self._connector is not None or self._producer is not None:
+            return self
+        self.breaker.failed(EventLogUnavailable("not connected to the broker yet"))
+
+        def connect() -> None:
+            while not self._closed:
+                try:
+                    self.start()
+                except EventLogUnavailable as exc:
+                    self.breaker.failed(exc)
+                    time.sleep(retry_s)
+                    continue
+                self.breaker.succeeded()
+                return
+
+        self._connector = threading.Thread(target=connect, name="vidrec-kafka-connect", daemon=True)
+        self._connector.start()
         return self
 
     def _create_topics(self) -> None:
@@ -203,35 +282,61 @@ class KafkaEventLog:
         if self._closed:
             raise EventLogUnavailable("the event log is closed")
         if self._producer is None:
+            if self._connector is not None:  # connecting in the background: do not wait here
+                raise EventLogUnavailable(
+                    f"not connected to the broker yet ({self.breaker.last_error})",
+                    retry_after_s=self.breaker.retry_after_s(),
+                )
             self.start()
         assert self._producer is not None
         return self._producer
 
     # --- producing -------------------------------------------------------
 
-    def produce(self, events: Sequence[Any]) -> None:
-        """Append items of this log's stream (events, or served records); waits for acks."""
+    def produce(self, events: Sequence[Any], timeout_s: float | None = None) -> None:
+        """Append items of this log's stream (events, or served records); waits for acks
+        (at most ``timeout_s``, default the request timeout), through the breaker."""
+        if not events:
+            return
+        if not self.breaker.allow():
+            raise EventLogUnavailable(
+                f"the broker is down ({self.breaker.last_error}); nothing was written",
+                retry_after_s=self.breaker.retry_after_s(),
+            )
         codec = self._codec
-        self._send([(self.topic, codec.key(item), codec.encode(item), None) for item in events])
+        records = [(self.topic, codec.key(item), codec.encode(item), None) for item in events]
+        try:
+            self._send(records, self._timeout_s if timeout_s is None else timeout_s)
+        except EventLogUnavailable as exc:
+            self.breaker.failed(exc)
+            exc.retry_after_s = self.breaker.retry_after_s()
+            raise
+        self.breaker.succeeded()
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
-        self._send([(self.topic, key, value, None)])
+        self._send([(self.topic, key, value, None)], self._timeout_s)
 
     def _send(
-        self, records: list[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]]
+        self,
+        records: Sequence[tuple[str, bytes | None, bytes, list[tuple[str, bytes]] | None]],
+        timeout_s: float,
     ) -> None:
-        """Send and wait for every acknowledgement, so a return means durable."""
+        """Send and wait at most ``timeout_s`` for every acknowledgement (a return: durable).
+
+        Past the deadline the records stay queued in the producer and may
+        still be delivered: the caller was told nothing is acknowledged.
+        """
         if not records:
             return
+        deadline = time.monotonic() + timeout_s
         producer = self._ready_producer()
         with _kafka_errors("produce"):
             futures = [
                 producer.send(topic, key=key, value=value, headers=headers)
                 for topic, key, value, headers in records
             ]
-            producer.flush(timeout=self._timeout_s)
             for future in futures:
-                future.get(timeout=self._timeout_s)
+                future.get(timeout=max(0.0, deadline - time.monotonic()))
 
     def _dead_letter(self, letters: list[DeadLetter]) -> None:
         self._send(
@@ -243,15 +348,22 @@ class KafkaEventLog:
                     [
                         (DLQ_REASON_HEADER, letter.reason.encode()),
                         (DLQ_SOURCE_HEADER, letter.source.encode()),
+                        (DLQ_GROUP_HEADER, letter.group.encode()),
                     ],
                 )
                 for letter in letters
-            ]
+            ],
+            self._timeout_s,
         )
 
     # --- consuming -------------------------------------------------------
 
     def consumer(self, group_id: str) -> KafkaEventConsumer:
+        """A new group member; while connecting in the background, waits for the connection
+        (up to ``kafka.request_timeout_ms``: consumers run in threads of their own)."""
+        connector = self._connector
+        if connector is not None and self._producer is None:
+            connector.join(self._timeout_s)
         self._ready_producer()
         consumer = KafkaEventConsumer(self, group_id)
         self._consumers.append(consumer)
@@ -282,7 +394,7 @@ class KafkaEventLog:
 
     def _partitions(self, topic: str) -> list[TopicPartition]:
         probe = self._ready_probe()
-        with self._probe_lock, _kafka_errors("metadata"):
+        with self._probe_lock, self._guarded("metadata"):
             partitions = probe.partitions_for_topic(topic) or set()
         return [TopicPartition(topic, p) for p in sorted(partitions)]
 
@@ -291,10 +403,24 @@ class KafkaEventLog:
         assert self._probe is not None
         return self._probe
 
+    @contextmanager
+    def _guarded(self, action: str) -> Iterator[None]:
+        """Metadata and offset reads through the breaker: refused at once while the broker
+        is known down (one read per interval tries it), and their failures count."""
+        if not self.breaker.allow():
+            raise EventLogUnavailable(f"the broker is down ({self.breaker.last_error})")
+        try:
+            with _kafka_errors(action):
+                yield
+        except EventLogUnavailable as exc:
+            self.breaker.failed(exc)
+            raise
+        self.breaker.succeeded()
+
     def _end_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         """True next offsets (see the module docstring for why a fetch confirms them)."""
         probe = self._ready_probe()
-        with self._probe_lock, _kafka_errors("end offsets"):
+        with self._probe_lock, self._guarded("end offsets"):
             ends: dict[TopicPartition, int] = dict(
                 probe.end_offsets(list(partitions), timeout_ms=self._timeout_ms)
             )
@@ -322,7 +448,7 @@ class KafkaEventLog:
 
     def _beginning_offsets(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         probe = self._ready_probe()
-        with self._probe_lock, _kafka_errors("beginning offsets"):
+        with self._probe_lock, self._guarded("beginning offsets"):
             return dict(probe.beginning_offsets(list(partitions), timeout_ms=self._timeout_ms))
 
     # --- inspection ------------------------------------------------------
@@ -377,6 +503,7 @@ def _letter(record: Any) -> DeadLetter:
         source=headers.get(DLQ_SOURCE_HEADER, b"").decode(errors="replace"),
         key=record.key,
         value=record.value or b"",
+        group=headers.get(DLQ_GROUP_HEADER, b"").decode(errors="replace"),
     )
 
 
@@ -389,6 +516,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def on_partitions_revoked(self, revoked: Any) -> None:
         for tp in revoked:
             self.owner._floors.pop(tp.partition, None)
+            self.owner._first_seen.pop(tp.partition, None)
+            self.owner._last_commit.pop(tp.partition, None)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
         if self.owner._holding and assigned:
@@ -413,6 +542,11 @@ class KafkaEventConsumer:
         self._holding = False
         self._held: set[TopicPartition] = set()
         self._closed = False
+        self._dead = DeadRuns()
+        self._first_seen: dict[int, int] = {}
+        """Per partition, offset of the first record polled since assignment or seek."""
+        self._last_commit: dict[int, int] = {}
+        self.dead_lettered = 0
         with _kafka_errors("join group"):
             self._consumer = KafkaConsumer(
                 **log.client_config(),
@@ -453,23 +587,29 @@ class KafkaEventConsumer:
             events, dead = self._decode(batches)
             if dead:
                 try:
-                    self._log._dead_letter(dead)
+                    self._log._dead_letter([letter for _, _, letter in dead])
                 except BaseException:
                     # The batch was not handed out: re-read it next time rather
                     # than let a later commit() skip past it.
                     self._rewind(batches)
                     raise
+                for partition, offset, _ in dead:
+                    self._dead.add(partition, offset)
+                self.dead_lettered += len(dead)
             if events or remaining_ms == 0:
                 return events
 
     def _decode(
         self, batches: dict[Any, list[Any]]
-    ) -> tuple[list[ConsumedEvent], list[DeadLetter]]:
+    ) -> tuple[list[ConsumedEvent], list[tuple[int, int, DeadLetter]]]:
+        """Valid events, and (partition, offset, letter) of the bad records met first here."""
         events: list[ConsumedEvent] = []
-        dead: list[DeadLetter] = []
+        dead: list[tuple[int, int, DeadLetter]] = []
         decoder = self._log._codec
         for tp, records in batches.items():
             floor = self._floors.get(tp.partition)
+            if records:
+                self._first_seen.setdefault(tp.partition, records[0].offset)
             for record in records:
                 if floor is not None:
                     if record.timestamp < floor:
@@ -479,8 +619,13 @@ class KafkaEventConsumer:
                 try:
                     event = decoder.decode(record.value)
                 except BadRecord as bad:
+                    if self._dead.holds(tp.partition, record.offset):
+                        continue  # this group dead-lettered it already (a rebalance re-read)
                     source = source_of(tp.topic, tp.partition, record.offset)
-                    dead.append(DeadLetter(bad.reason, source, record.key, record.value or b""))
+                    letter = DeadLetter(
+                        bad.reason, source, record.key, record.value or b"", self.group_id or ""
+                    )
+                    dead.append((tp.partition, record.offset, letter))
                     continue
                 events.append(ConsumedEvent(event, tp.partition, record.offset, record.timestamp))
         return events, dead
@@ -515,12 +660,17 @@ class KafkaEventConsumer:
         with _kafka_errors("commit"):
             if positions is None:
                 self._consumer.commit(timeout_ms=self._log._timeout_ms)
+                self._dead = DeadRuns()  # everything polled is committed, bad records too
                 return
             self._owned([p.partition for p in positions])
+            chosen = past_dead_letters(
+                positions, self._dead, self.assignment(), self._last_commit, self._first_seen
+            )
             self._consumer.commit(
-                {self._tp(p.partition): OffsetAndMetadata(p.offset, "", -1) for p in positions},
+                {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in chosen.items()},
                 timeout_ms=self._log._timeout_ms,
             )
+            self._last_commit.update(chosen)
 
     def committed(self) -> list[Position]:
         self._check_open()
@@ -565,6 +715,7 @@ class KafkaEventConsumer:
                 # an out-of-range position to the beginning.
                 self._consumer.seek(tp, min(max(position.offset, 0), ends[tp]))
                 self._floors.pop(position.partition, None)
+                self._first_seen.pop(position.partition, None)
 
     def seek_to_timestamp(self, ts_ms: int) -> None:
         self._check_open()
@@ -587,6 +738,7 @@ class KafkaEventConsumer:
                 else:
                     self._consumer.seek(tp, hit.offset)
                 self._floors[tp.partition] = ts_ms
+                self._first_seen.pop(tp.partition, None)
 
     def seek_to_beginning(self) -> None:
         self._check_open()
@@ -598,6 +750,7 @@ class KafkaEventConsumer:
                 self._consumer.seek_to_beginning(*partitions)
         for tp in partitions:
             self._floors.pop(tp.partition, None)
+            self._first_seen.pop(tp.partition, None)
 
     def lag(self) -> dict[int, int]:
         self._check_open()

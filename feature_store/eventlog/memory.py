@@ -41,7 +41,13 @@ from types import TracebackType
 from typing import Any
 
 from feature_store.errors import Conflict, EventLogUnavailable
-from feature_store.eventlog.base import ConsumedEvent, DeadLetter, Position
+from feature_store.eventlog.base import (
+    ConsumedEvent,
+    DeadLetter,
+    DeadRuns,
+    Position,
+    past_dead_letters,
+)
 from feature_store.eventlog.codec import BadRecord, partition_for, source_of
 from feature_store.eventlog.segments import (
     DeadLetterFile,
@@ -266,8 +272,9 @@ class MemoryEventLog:
 
     # --- producing -------------------------------------------------------
 
-    def produce(self, events: Sequence[Any]) -> None:
+    def produce(self, events: Sequence[Any], timeout_s: float | None = None) -> None:
         """Append items of this log's stream (events, or served records)."""
+        del timeout_s  # in-process: the append is done when this returns
         items: list[tuple[bytes | None, bytes, Any]] = []
         codec = self._codec
         now = _now_ms()
@@ -390,7 +397,9 @@ class MemoryEventLog:
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         with self._lock:
             return [
-                DeadLetter(reason=d.reason, source=d.source, key=d.key, value=d.value)
+                DeadLetter(
+                    reason=d.reason, source=d.source, key=d.key, value=d.value, group=d.group
+                )
                 for d in self._dead[:limit]
             ]
 
@@ -419,10 +428,18 @@ class MemoryEventConsumer:
         """Next offset to read, per assigned partition."""
         self._rotate = 0
         self._closed = False
+        self._dead = DeadRuns()
+        self._first_seen: dict[int, int] = {}
+        """Per partition, offset of the first record polled since assignment or seek."""
+        self._last_commit: dict[int, int] = {}
+        self.dead_lettered = 0
 
     def _assign(self, partitions: range, committed: dict[int, int]) -> None:
         """New assignment from a rebalance; under the log's lock."""
         kept = {p: o for p, o in self._positions.items() if p in partitions}
+        for gone in set(self._positions) - set(kept):
+            self._first_seen.pop(gone, None)
+            self._last_commit.pop(gone, None)
         for index in partitions:
             if index not in kept:
                 start = committed.get(index, self._log._partitions[index].start)
@@ -448,26 +465,37 @@ class MemoryEventConsumer:
                     log._changed.wait(remaining)
                     self._check_open()
             events, dead = self._decode(records)
-            log._dead_letter(dead)
+            if dead:
+                log._dead_letter([letter for _, _, letter in dead])
+                for partition, offset, _ in dead:
+                    self._dead.add(partition, offset)
+                self.dead_lettered += len(dead)
             if events or time.monotonic() >= deadline:
                 return events
 
     def _decode(
         self, records: list[tuple[int, StoredRecord, Any]]
-    ) -> tuple[list[ConsumedEvent], list[StoredDeadLetter]]:
-        """Valid items, and dead letters for the rest; outside the lock (parsing is the cost)."""
+    ) -> tuple[list[ConsumedEvent], list[tuple[int, int, StoredDeadLetter]]]:
+        """Valid items, and (partition, offset, letter) of bad records met first here;
+        outside the lock (parsing is the cost)."""
         events: list[ConsumedEvent] = []
-        dead: list[StoredDeadLetter] = []
+        dead: list[tuple[int, int, StoredDeadLetter]] = []
         decoder = self._log._codec
         for partition, record, kept in records:
+            self._first_seen.setdefault(partition, record.offset)
             if kept is not None:
                 events.append(ConsumedEvent(kept, partition, record.offset, record.ts))
                 continue
             try:
                 event = decoder.decode(record.value)
             except BadRecord as bad:
+                if self._dead.holds(partition, record.offset):
+                    continue  # this group dead-lettered it already (a rebalance re-read)
                 source = source_of(self._log.topic, partition, record.offset)
-                dead.append(StoredDeadLetter(bad.reason, source, record.key, record.value))
+                letter = StoredDeadLetter(
+                    bad.reason, source, record.key, record.value, self.group_id or ""
+                )
+                dead.append((partition, record.offset, letter))
                 continue
             events.append(ConsumedEvent(event, partition, record.offset, record.ts))
         return events, dead
@@ -488,11 +516,16 @@ class MemoryEventConsumer:
             self._check_open()
             if positions is None:
                 chosen = dict(self._positions)
+                self._dead = DeadRuns()  # everything polled is committed, bad records too
             else:
                 self._owned([p.partition for p in positions])
-                chosen = {p.partition: p.offset for p in positions}
+                chosen = past_dead_letters(
+                    positions, self._dead, sorted(self._positions), self._last_commit,
+                    self._first_seen,
+                )
             group = log._groups[self.group_id]
             group.committed.update(chosen)
+            self._last_commit.update(chosen)
             log._save_offsets()
 
     def committed(self) -> list[Position]:
@@ -521,6 +554,7 @@ class MemoryEventConsumer:
                 self._positions[position.partition] = log._partitions[position.partition].clamp(
                     position.offset
                 )
+                self._first_seen.pop(position.partition, None)
 
     def seek_to_timestamp(self, ts_ms: int) -> None:
         log = self._log
@@ -528,6 +562,7 @@ class MemoryEventConsumer:
             self._check_open()
             for index in self._positions:
                 self._positions[index] = log._partitions[index].offset_for_time(ts_ms)
+            self._first_seen.clear()
 
     def seek_to_beginning(self) -> None:
         log = self._log
@@ -535,6 +570,7 @@ class MemoryEventConsumer:
             self._check_open()
             for index in self._positions:
                 self._positions[index] = log._partitions[index].start
+            self._first_seen.clear()
 
     def lag(self) -> dict[int, int]:
         log = self._log

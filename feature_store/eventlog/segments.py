@@ -193,11 +193,14 @@ class StoredDeadLetter:
     source: str
     key: bytes | None
     value: bytes
+    group: str = ""
+    """Consumer group that met the record; stored after the source, behind a NUL
+    (files written before groups were named read back with ``""``)."""
 
 
 def _pack_dead(letter: StoredDeadLetter) -> bytes:
     reason = letter.reason.encode()
-    source = letter.source.encode()
+    source = (f"{letter.source}\0{letter.group}" if letter.group else letter.source).encode()
     key_len = -1 if letter.key is None else len(letter.key)
     return b"".join(
         (
@@ -233,10 +236,12 @@ class DeadLetterFile:
                     break
                 good_end = handle.tell()
                 reason = body[:reason_len].decode()
-                source = body[reason_len : reason_len + source_len].decode()
+                stored = body[reason_len : reason_len + source_len].decode()
+                source, _, group = stored.partition("\0")
                 at = reason_len + source_len
                 key = None if key_len < 0 else body[at : at + key_len]
-                letters.append(StoredDeadLetter(reason, source, key, body[at + max(key_len, 0) :]))
+                value = body[at + max(key_len, 0) :]
+                letters.append(StoredDeadLetter(reason, source, key, value, group))
             torn = handle.seek(0, os.SEEK_END) != good_end
         if torn:
             self.rewrite(letters)  # later appends must not follow half a record

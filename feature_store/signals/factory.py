@@ -43,7 +43,11 @@ def attach_signals(resources: Resources) -> CandidateSignals:
 
     The memory backend restores ``data_dir/signals`` now and snapshots there
     when ``Resources.close`` closes its extras, so a restart keeps trending and
-    co-visitation. Idempotent: a second call returns the same object.
+    co-visitation (after a kill -9, the signal feed replays the events since
+    its last snapshot: ``app.signal_feed``). Its per-creator uploads are then
+    indexed again from the catalog, which journals every write, so a video
+    added or hidden after that snapshot counts as such. Idempotent: a second
+    call returns the same object.
     """
     existing = resources.extras.get(SIGNALS_EXTRA)
     if existing is not None:
@@ -52,6 +56,7 @@ def attach_signals(resources: Resources) -> CandidateSignals:
     if isinstance(signals, MemorySignals):
         directory = resources.data_dir / "signals"
         signals.restore(directory)
+        signals.index_videos(list(resources.catalog.iter_all()))
         signals.snapshot_dir = directory
     resources.extras[SIGNALS_EXTRA] = signals
     return signals

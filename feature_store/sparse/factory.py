@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from feature_store.breaker import Breaker, BreakerBackoff, BreakerConnection, redis_probe
 from feature_store.errors import ConfigurationError, SparseTableUnavailable
 from feature_store.settings import RedisSettings, Settings
 from feature_store.sparse.base import SparseTable, TableSpec
@@ -42,14 +43,19 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
     """
     if settings.cluster:
         return connect_cluster(settings)  # type: ignore[return-value]
-    return redis.Redis.from_url(
+    breaker = Breaker("redis")
+    client = redis.Redis.from_url(
         settings.url,
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=settings.socket_timeout_s,
         max_connections=settings.max_connections,
         decode_responses=False,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        retry=Retry(BreakerBackoff(ExponentialBackoff(cap=0.5, base=0.05), breaker), 2),
+        connection_class=BreakerConnection,
+        breaker=breaker,
     )
+    breaker.probe = redis_probe(client.connection_pool.connection_kwargs)
+    return client
 
 
 def connect_cluster(settings: RedisSettings) -> RedisCluster:

@@ -82,12 +82,12 @@ def test_actions_reach_a_trainer_in_another_process(
     settings = dashboard_settings(Path(shared_env["VIDREC_DATA_DIR"]))
     assert settings.stores.backend == "redis"
     with TestClient(create_app(settings)) as client:
-        wait_for(lambda: overview(client)["training"]["state"] == "running", timeout_s=90,
+        wait_for(lambda: overview(client)["training"].get("state") == "running", timeout_s=90,
                  interval_s=0.2)
 
         paused = act(client, "pause")
         assert paused["status"] == "done", paused
-        wait_for(lambda: overview(client)["training"]["state"] == "paused", timeout_s=10)
+        wait_for(lambda: overview(client)["training"].get("state") == "paused", timeout_s=10)
 
         exported = act(client, "export")
         assert exported["status"] == "done", exported
@@ -99,7 +99,7 @@ def test_actions_reach_a_trainer_in_another_process(
 
         resumed = act(client, "resume")
         assert resumed["status"] == "done"
-        wait_for(lambda: overview(client)["training"]["state"] == "running", timeout_s=10)
+        wait_for(lambda: overview(client)["training"].get("state") == "running", timeout_s=10)
 
         retrain = act(client, "retrain", from_ts_ms=0)
         assert retrain["status"] == "done", retrain

@@ -118,7 +118,7 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         assert put.status_code == 200 and put.json()["accepted"] == 2 * PER_CATEGORY + 3
         trainer = app.state.service.resources.extras[TRAINER_EXTRA]
         first = trainer.export_now(activate=True)
-        wait_for(lambda: http.get("/readyz").status_code == 200, timeout_s=60)
+        wait_for(lambda: http.get("/readyz").json()["degraded"] is False, timeout_s=60)
         every = [f"{cat}{i}" for cat in CATEGORIES for i in range(PER_CATEGORY)]
         ask = {"user_id": "alice", "candidates": every, "count": 60, "exclude_seen": False}
         before = http.post("/v1/recommend", json=ask).json()

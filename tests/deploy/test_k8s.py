@@ -5,6 +5,7 @@ built-in kustomize, and the properties the deployment relies on."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -273,8 +274,8 @@ def test_settings_configmap_is_a_valid_production_settings_tree(
     for key, value in data.items():
         monkeypatch.setenv(key, value)
     # Real keys stand in for the Secret's placeholders, as in a real cluster.
-    monkeypatch.setenv("VIDREC_API__API_KEY", "k" * 32)
-    monkeypatch.setenv("VIDREC_API__ADMIN_KEY", "a" * 32)
+    monkeypatch.setenv("VIDREC_API__API_KEY", secrets.token_hex(32))
+    monkeypatch.setenv("VIDREC_API__ADMIN_KEY", secrets.token_hex(32))
     settings = Settings()
     assert settings.environment == "production"
     assert settings.event_log.backend == "kafka"

@@ -283,6 +283,39 @@ def test_poisoned_records_are_dead_lettered_and_consumption_goes_on(make_log: Ma
     assert log.dead_letters(limit=2) == letters[:2]
 
 
+@pytest.mark.faults
+def test_a_bad_record_is_dead_lettered_once_per_group_naming_it_and_committed_past(
+    make_log: MakeLog,
+) -> None:
+    """Two groups (the trainer's and the signal feed's) each dead-letter the bad record
+    once, naming themselves; a bad record last in its partition is committed past
+    (by explicit positions, as the trainer commits, and by ``commit()``, as the feed
+    does), so a restarted member meets it no more."""
+    log = make_log()
+    good = make_event(user_id="victim")
+    log.produce([good])
+    log.produce_raw(b"victim", b"\xffbroken")
+    log.produce_raw(b"victim", b"still broken")  # a run of two, last in the partition
+
+    with log.consumer("trainer") as trainer, log.consumer("feed") as feed:
+        first = drain(trainer, 1)
+        assert ids(first) == [good.event_id] and quiet(trainer) == []
+        trainer.commit([Position(first[0].partition, first[0].offset + 1)])  # what it trained
+        assert ids(drain(feed, 1)) == [good.event_id] and quiet(feed) == []
+        feed.commit()
+        assert trainer.dead_lettered == feed.dead_lettered == 2
+    letters = log.dead_letters()
+    assert sorted(letter.group for letter in letters) == ["feed", "feed", "trainer", "trainer"]
+
+    for group in ("trainer", "feed"):  # restarted members of both groups
+        with log.consumer(group) as again:
+            assert again.wait_for_assignment(10)
+            assert quiet(again) == [] and quiet(again) == []
+            assert again.dead_lettered == 0
+            assert sum(again.lag().values()) == 0, "the bad records were not committed past"
+    assert log.dead_letter_count() == 4
+
+
 def test_lag_counts_unconsumed_records(make_log: MakeLog) -> None:
     log = make_log()
     log.produce(events_for(10, 3))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from feature_store.errors import ConfigurationError
-from feature_store.settings import Settings
+from feature_store.eventlog.kafka import KafkaEventLog, client_config, producer_config
+from feature_store.settings import MIN_KEY_BITS, KafkaSettings, Settings, key_bits
 
 
 def test_environment_variables_fill_nested_sections(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,3 +41,57 @@ def test_bad_values_are_refused() -> None:
 def test_production_refuses_the_embedded_event_log() -> None:
     with pytest.raises(ConfigurationError):
         Settings(environment="production")
+
+
+def _production(**api: object) -> Settings:
+    return Settings(
+        environment="production", event_log={"backend": "kafka"}, api=api  # type: ignore[arg-type]
+    )
+
+
+def test_production_refuses_guessable_and_shared_keys() -> None:
+    strong, other = secrets.token_hex(32), secrets.token_urlsafe(24)
+    assert _production(api_key=strong, admin_key=other).api.admin_key.get_secret_value() == other
+    for weak in (" " * 16, "a" * 40, "abababababababababab", "vidrec-dev-key", "short"):
+        with pytest.raises(ConfigurationError, match="api.api_key"):
+            _production(api_key=weak, admin_key=other)
+    with pytest.raises(ConfigurationError, match="same key"):
+        _production(api_key=strong, admin_key=strong)
+    with pytest.raises(ConfigurationError, match="same key"):
+        _production(api_key=strong, admin_key=other, read_key=strong)
+    assert key_bits(" " * 16) == 0 and key_bits(secrets.token_hex(32)) > 2 * MIN_KEY_BITS
+
+
+def test_kafka_security_reaches_every_client(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    kafka = KafkaSettings(
+        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="vidrec",
+        sasl_password="s3cret", ssl_cafile=ca,  # type: ignore[arg-type]
+    )
+    config = client_config(kafka)
+    assert config["security_protocol"] == "SASL_SSL"
+    assert config["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert config["sasl_plain_username"] == "vidrec" and config["sasl_plain_password"] == "s3cret"
+    assert config["ssl_cafile"] == str(ca) and config["ssl_check_hostname"] is True
+    # The log builds its producer, consumers, admin and readers from this one config.
+    log = KafkaEventLog(Settings(kafka=kafka))
+    assert log.client_config() == config
+    producer = producer_config(kafka)
+    assert producer["acks"] == "all" and producer["enable_idempotence"] is False
+    for broken in (
+        {"security_protocol": "SASL_SSL"},  # no credentials
+        {"sasl_mechanism": "PLAIN", "sasl_username": "u", "sasl_password": "p"},  # PLAINTEXT
+        {"security_protocol": "SSL", "ssl_cafile": tmp_path / "missing.pem"},
+        {"ssl_cafile": ca},  # TLS files without TLS
+    ):
+        with pytest.raises(ConfigurationError):
+            KafkaSettings(**broken)  # type: ignore[arg-type]
+
+
+def test_listeners_bind_this_host_unless_configured() -> None:
+    from app.cli import build_parser
+
+    for command in ("up", "serve"):
+        assert build_parser().parse_args([command]).host == "127.0.0.1"
+    assert Settings().trainer.metrics_host == "127.0.0.1"

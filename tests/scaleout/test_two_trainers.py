@@ -266,7 +266,9 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
             app = create_app(settings)
             with serve_in_thread(app) as url:
                 with httpx.Client(base_url=url, timeout=10) as http:
-                    wait_until(lambda: http.get("/readyz").status_code == 200, 60, "the API ready")
+                    wait_until(
+                        lambda: http.get("/readyz").json()["degraded"] is False, 60, "the API ready"
+                    )
                 users = sorted({e.user_id for e in events[:500]})
                 with httpx.Client(base_url=url, timeout=10) as http:  # signal feed caught up
                     wait_until(

@@ -59,8 +59,13 @@ def _status(data_dir: Path) -> dict[str, Any]:
 
 
 def _audited(data_dir: Path) -> list[str]:
-    audit = data_dir / "trainer" / GROUP / "audit"
-    return [i for p in sorted(audit.glob("*.ids")) for i in p.read_text().split()]
+    ids: list[str] = []
+    for path in sorted((data_dir / "trainer" / GROUP / "audit").glob("*.ids")):
+        try:
+            ids += path.read_text().split()
+        except FileNotFoundError:  # a stale segment the restarted trainer just dropped
+            continue
+    return ids
 
 
 def _checkpointed_events(data_dir: Path) -> int:

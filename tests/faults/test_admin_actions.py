@@ -1,0 +1,80 @@
+"""Admin actions waiting on a trainer that never answers hold nothing health or ingest need.
+
+41 such actions used to block ``/healthz`` and ``POST /v1/events`` for a
+minute (each held a web worker thread). Now 100 wait at once while health
+and ingest answer (the bound is generous: the benchmark prints the p99), a
+101st is refused with 429, and an id names one action: resent with the same
+body it answers the first outcome, with another action it is refused (409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.main import create_app
+from tests.app.conftest import KEY, make_settings, serve_in_thread
+
+pytestmark = [pytest.mark.faults]
+
+PENDING = 100
+
+
+async def _pending_actions_and_probes(url: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"health": [], "events": []}
+    limits = httpx.Limits(max_connections=PENDING + 10)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
+        actions = [
+            asyncio.create_task(http.post(
+                "/dashboard/api/actions/pause", json={"id": f"pending-{i:04d}"}, headers=KEY
+            ))
+            for i in range(PENDING)
+        ]
+        await asyncio.sleep(1.0)  # every action is waiting for an ack by now
+        out["over"] = await http.post("/dashboard/api/actions/export", json={}, headers=KEY)
+        n = 0
+        while not all(task.done() for task in actions):
+            started = time.monotonic()
+            health = await http.get("/healthz")
+            out["health"].append((health.status_code, time.monotonic() - started))
+            event = {"event_id": f"pa{n}", "user_id": "u1", "video_id": "v1", "type": "finish",
+                     "ts": int(time.time() * 1000)}
+            started = time.monotonic()
+            posted = await http.post("/v1/events", json={"events": [event]}, headers=KEY)
+            out["events"].append((posted.status_code, time.monotonic() - started))
+            n += 1
+            await asyncio.sleep(0.05)
+        out["actions"] = [task.result() for task in actions]
+        out["again"] = await http.post(
+            "/dashboard/api/actions/pause", json={"id": "pending-0000"}, headers=KEY
+        )
+        out["reused"] = await http.post(
+            "/dashboard/api/actions/resume", json={"id": "pending-0000"}, headers=KEY
+        )
+    return out
+
+
+def test_pending_actions_are_bounded_and_block_neither_health_nor_ingest(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "data", dashboard={"ack_timeout_s": 4.0})
+    with serve_in_thread(create_app(settings)) as url:  # no trainer: nobody acknowledges
+        # In a thread of its own: another test may have left this thread's event loop running.
+        with ThreadPoolExecutor(1) as thread:
+            out = thread.submit(lambda: asyncio.run(_pending_actions_and_probes(url))).result()
+    assert out["over"].status_code == 429 and "Retry-After" in out["over"].headers
+    statuses = [a.json()["status"] for a in out["actions"]]
+    assert [a.status_code for a in out["actions"]] == [200] * PENDING
+    assert statuses == ["timeout"] * PENDING
+    assert len(out["health"]) >= 10, "the probes did not run while actions waited"
+    assert {status for status, _ in out["health"]} == {200}
+    assert {status for status, _ in out["events"]} == {200}
+    assert max(seconds for _, seconds in out["health"] + out["events"]) < 1.0
+    again = out["again"]
+    assert again.status_code == 200 and again.json()["status"] == "timeout"
+    assert again.json()["ts_ms"] == out["actions"][0].json()["ts_ms"], "not the first outcome"
+    assert out["reused"].status_code == 409 and out["reused"].json()["error"] == "Conflict"
