@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.faults]
 PENDING = 100
 
 
-async def _pending_actions_and_probes(url: str) -> dict[str, Any]:
+async def _pending_actions_and_probes(url: str, runner: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"health": [], "events": []}
     limits = httpx.Limits(max_connections=PENDING + 10)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
@@ -36,7 +36,9 @@ async def _pending_actions_and_probes(url: str) -> dict[str, Any]:
             ))
             for i in range(PENDING)
         ]
-        await asyncio.sleep(1.0)  # every action is waiting for an ack by now
+        deadline = time.monotonic() + 30  # a loaded machine takes a while to send them all
+        while runner.pending < PENDING and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         out["over"] = await http.post("/dashboard/api/actions/export", json={}, headers=KEY)
         n = 0
         while not all(task.done() for task in actions):
@@ -61,11 +63,17 @@ async def _pending_actions_and_probes(url: str) -> dict[str, Any]:
 
 
 def test_pending_actions_are_bounded_and_block_neither_health_nor_ingest(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path / "data", dashboard={"ack_timeout_s": 4.0})
-    with serve_in_thread(create_app(settings)) as url:  # no trainer: nobody acknowledges
+    # Long enough that the first action still waits when the last one is sent, however
+    # slowly a loaded machine sends them; the test waits for every one to time out.
+    settings = make_settings(tmp_path / "data", dashboard={"ack_timeout_s": 10.0})
+    app = create_app(settings)
+    with serve_in_thread(app) as url:  # no trainer: nobody acknowledges
+        runner = app.state.dashboard.actions
         # In a thread of its own: another test may have left this thread's event loop running.
         with ThreadPoolExecutor(1) as thread:
-            out = thread.submit(lambda: asyncio.run(_pending_actions_and_probes(url))).result()
+            out = thread.submit(
+                lambda: asyncio.run(_pending_actions_and_probes(url, runner))
+            ).result()
     assert out["over"].status_code == 429 and "Retry-After" in out["over"].headers
     statuses = [a.json()["status"] for a in out["actions"]]
     assert [a.status_code for a in out["actions"]] == [200] * PENDING
