@@ -36,6 +36,7 @@ from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
 from app.openapi import contract
 from app.service import Service, open_service
+from feature_store import tracing
 from feature_store.errors import InvalidInput, NotFound, VidrecError
 from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
 from feature_store.runtime import Resources, open_resources
@@ -146,6 +147,7 @@ def create_app(
 ) -> FastAPI:
     """A new application for ``settings`` (see the module docstring)."""
     metrics = Metrics()
+    tracing.configure(settings.tracing, "api")  # a no-op when off, or already configured
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -171,6 +173,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # app.docs serves both pages without a CDN
         redoc_url=None,
+        telemetry=tracing.fastapi_telemetry(),  # server spans when tracing is on
     )
     app.state.settings = settings
     app.state.metrics = metrics
