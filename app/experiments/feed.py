@@ -83,7 +83,7 @@ class _ArmIndex:
         served = record.event
         self.newest = max(self.newest, record.log_ts)
         if served.arm is None:
-            digest = xxhash.xxh64_intdigest(served.recommendation_id)
+            digest = xxhash.xxh64_intdigest(served.recommendation_id.encode())
             self.others.add(digest)
             self._others_order.append((record.log_ts, digest))
             return
@@ -95,13 +95,13 @@ class _ArmIndex:
         """Ids waited for in vain (their response was not logged: a fallback, or dropped):
         remembered like responses outside any experiment, so no later batch waits again."""
         for rec_id in recommendation_ids:
-            digest = xxhash.xxh64_intdigest(rec_id)
+            digest = xxhash.xxh64_intdigest(rec_id.encode())
             self.others.add(digest)
             self._others_order.append((self.newest, digest))
 
     def knows(self, recommendation_id: str) -> bool:
         return recommendation_id in self.arms or (
-            xxhash.xxh64_intdigest(recommendation_id) in self.others
+            xxhash.xxh64_intdigest(recommendation_id.encode()) in self.others
         )
 
     def trim(self, now_log_ts: int) -> None:
