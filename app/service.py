@@ -89,7 +89,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     api = settings.api
     metrics = metrics or Metrics()
     if tracing.enabled():  # spans per recommend stage (nothing wrapped when off)
-        metrics.observe_stage = tracing.stage_observer(metrics.observe_stage)  # type: ignore[method-assign]
+        metrics.observe_stage = tracing.stage_observer(metrics.observe_stage)  # type: ignore[method-assign,assignment]
     signals = attach_signals(resources)
     reads = CachedReads(
         resources.catalog,

@@ -3,8 +3,8 @@
 **Off** (no ``tracing.otlp_endpoint``, the default): vidrec imports no
 OpenTelemetry module of its own and makes no span. Every helper here returns
 at its first line (a module global is None), and the service passes
-FastAPI's native telemetry explicit "off" flags, so the request path
-allocates nothing for tracing.
+FastAPI's native telemetry explicit "off" flags (``app.main``), so the
+request path allocates nothing for tracing.
 
 **On** (:func:`configure`, called once per process by ``vidrec up``,
 ``vidrec serve`` and ``vidrec train``): one ``TracerProvider`` with
@@ -13,7 +13,7 @@ at ``tracing.sample_ratio``, spans batched off the request path and exported
 over OTLP/HTTP. The spans, and how one trace crosses the event log:
 
 - **HTTP**: a server span per request (FastAPI's native telemetry, handed
-  this provider), continuing a caller's W3C ``traceparent``;
+  :func:`provider`: ``app.main``), continuing a caller's W3C ``traceparent``;
 - **recommend stages**: ``recommend.candidates``, ``.features``, ``.pull``,
   ``.onnx`` under the request's span, built from the stage timings the
   service measures anyway (:func:`stage_observer`): no timer of its own;
@@ -155,15 +155,6 @@ def configured(settings: TracingSettings, role: str) -> Iterator[None]:
             shutdown()
 
 
-def fastapi_telemetry() -> dict[str, Any]:
-    """The ``telemetry`` argument of ``FastAPI(...)``: server spans on this provider, or
-    everything explicitly off (FastAPI then skips its per-request telemetry checks)."""
-    off = {"metrics": False, "logs": False, "auto_configure": False}
-    if _state is None:
-        return {**off, "tracing": False}
-    return {**off, "tracer_provider": _state.provider, "operation_spans": False}
-
-
 def _recording() -> bool:
     from opentelemetry import trace
 
@@ -186,7 +177,7 @@ def _producing(tracer: Tracer, topic: str, count: int) -> Iterator[list[tuple[st
     if not _recording():  # a background write (the served log), not part of a request
         yield None
         return
-    attributes = {
+    attributes: dict[str, str | int] = {
         "messaging.system": "kafka", "messaging.destination.name": topic,
         "messaging.operation.type": "send", "messaging.batch.message_count": count,
     }

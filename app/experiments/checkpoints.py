@@ -97,5 +97,5 @@ class RedisCheckpoints:
 
 def open_checkpoints(resources: Resources) -> FeedCheckpoints:
     if resources.settings.stores.backend == "redis" and resources.redis_client is not None:
-        return RedisCheckpoints(resources.redis_client)  # type: ignore[arg-type]
+        return RedisCheckpoints(resources.redis_client)
     return MemoryCheckpoints(resources.data_dir / "experiments" / "feed.json")

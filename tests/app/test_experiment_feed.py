@@ -43,14 +43,17 @@ def served(rec: str, user: str, arm: str | None) -> ServedRecord:
 def stream(users: int) -> tuple[list[ServedRecord], list[list[dict[str, Any]]]]:
     """Responses (a third outside the experiment) and three waves of events: impressions,
     then engagements, then late impressions of videos engaged with before (reordered)."""
-    records, waves = [], [[], [], []]
+    records: list[ServedRecord] = []
+    waves: list[list[dict[str, Any]]] = [[], [], []]
     now = int(time.time() * 1000)
     for i in range(users):
         user, rec = f"user{i}", f"rec{i}"
         arm = (None, "a", "b")[i % 3]
         records.append(served(rec, user, arm))
 
-        def event(n: int, kind: str, video: str, **fields: Any) -> dict[str, Any]:
+        def event(
+            n: int, kind: str, video: str, rec: str = rec, user: str = user, **fields: Any
+        ) -> dict[str, Any]:
             return {"event_id": f"{rec}-{n}", "user_id": user, "video_id": video, "type": kind,
                     "ts": now - 10_000 + n, "recommendation_id": rec, **fields}
 

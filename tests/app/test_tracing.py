@@ -77,6 +77,7 @@ def test_one_event_has_one_trace_from_the_request_to_the_trainer_batch(
                  "watch_ms": 60_000, "duration_ms": 60_000, "ts": int(time.time() * 1000)}
         response = client.post("/v1/events", json={"events": [event]}, headers=KEY)
         assert response.json()["accepted"] == 1
+        server: Any
         (server,) = [s for s in named(spans, "POST /v1/events") if s.kind is SpanKind.SERVER]
         trace_id = server.context.trace_id
 
@@ -85,6 +86,7 @@ def test_one_event_has_one_trace_from_the_request_to_the_trainer_batch(
             return found[0] if found else None
 
         trained = wait_for(batch, timeout_s=60)
+    publish: Any
     (publish,) = [s for s in spans.get_finished_spans() if s.kind is SpanKind.PRODUCER
                   and s.context.trace_id == trace_id]
     assert publish.name.startswith("publish ") and publish.name.endswith(".events.v1")
@@ -104,7 +106,7 @@ def test_recommend_stages_are_spans_of_the_callers_trace(
         wait_for(lambda: service.model is not None and service.model.version == live)
         body = {"user_id": "u1", "candidates": [v.video_id for v in VIDEOS]}
         assert client.post("/v1/recommend", json=body, headers=CALLER).status_code == 200
-    traced = [s for s in spans.get_finished_spans()
+    traced: list[Any] = [s for s in spans.get_finished_spans()
               if format(s.context.trace_id, "032x") == CALLER_TRACE]
     (server,) = [s for s in traced if s.name == "POST /v1/recommend"]
     stages = {s.name: s for s in traced if s.name.startswith("recommend.")}
