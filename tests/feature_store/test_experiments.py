@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.errors import Conflict, NotFound
+from feature_store.errors import Conflict, InvalidInput, NotFound
 from feature_store.experiments import (
     Arm,
     ExperimentSpec,
@@ -64,9 +64,11 @@ def test_assignment_is_stable_across_processes_and_salted_per_experiment() -> No
     assert assignment(spec("e2", salt="e1")) == first  # the salt, not the id, decides
 
 
-def test_spec_refuses_duplicate_arms_and_one_arm() -> None:
-    with pytest.raises(ValueError, match="distinct"):
-        ExperimentSpec(id="x", arms=(Arm(name="a", family="f"), Arm(name="a", family="g")))
+def test_an_experiment_refuses_repeated_arm_names_and_one_arm(tmp_path: Path) -> None:
+    twice = ExperimentSpec(id="x", arms=(Arm(name="a", family="f"), Arm(name="a", family="g")))
+    with pytest.raises(InvalidInput) as raised:
+        ExperimentStore(tmp_path).start(twice, "alice", 1)
+    assert raised.value.field == "experiment.arms.1.name"
     with pytest.raises(ValueError):
         ExperimentSpec(id="x", arms=(Arm(name="a", family="f"),))
 
