@@ -113,6 +113,7 @@ def test_export_rollback_pause_resume(page: Any, live_url: str) -> None:
 
 def test_cancelled_confirmation_does_nothing(page: Any, live_url: str) -> None:
     logged_in(page, live_url)
+    page.wait_for_selector("#audit-table thead")  # the first poll has rendered the log
     before = page.locator("#audit-table tbody tr").count()
     page.click("#btn-pause")
     page.click("#confirm-cancel")
