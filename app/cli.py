@@ -49,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from feature_store import tracing
     from feature_store.component import load_trainer_factory
     from feature_store.control import ControlListener, control_channel
     from feature_store.retrain import RetrainManager
@@ -56,7 +57,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     factory = load_trainer_factory()
-    with open_resources(settings) as resources:
+    with tracing.configured(settings.tracing, "trainer"), open_resources(settings) as resources:
         trainer = factory(resources)
         signal.signal(signal.SIGTERM, lambda *_: trainer.stop())
         signal.signal(signal.SIGINT, lambda *_: trainer.stop())

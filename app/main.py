@@ -28,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 
 from app import dashboard, docs
@@ -36,6 +37,7 @@ from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
 from app.openapi import contract
 from app.service import Service, open_service
+from feature_store import tracing
 from feature_store.errors import InvalidInput, NotFound, VidrecError
 from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
 from feature_store.runtime import Resources, open_resources
@@ -138,6 +140,19 @@ async def vidrec_error_handler(request: Request, exc: Exception) -> JSONResponse
     return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=headers)
 
 
+def _telemetry() -> TelemetryConfig:
+    """FastAPI's native telemetry: server spans on vidrec's tracer provider when tracing
+    is on; everything explicitly off otherwise (FastAPI then skips its per-request checks
+    for a globally configured provider)."""
+    provider = tracing.provider()
+    if provider is None:
+        return {"tracing": False, "metrics": False, "logs": False, "auto_configure": False}
+    return {
+        "tracer_provider": provider, "metrics": False, "logs": False,
+        "operation_spans": False, "auto_configure": False,
+    }
+
+
 def create_app(
     settings: Settings,
     *,
@@ -146,6 +161,7 @@ def create_app(
 ) -> FastAPI:
     """A new application for ``settings`` (see the module docstring)."""
     metrics = Metrics()
+    tracing.configure(settings.tracing, "api")  # a no-op when off, or already configured
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -171,6 +187,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,  # app.docs serves both pages without a CDN
         redoc_url=None,
+        telemetry=_telemetry(),
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -5,6 +5,8 @@ from the sources), then :class:`~app.scoring.scorer.Scorer`: it maps the ids
 to rows of its per-video arrays (reading from the catalog and the counters
 only what it lacks or what changed: :mod:`app.scoring.video_table`), filters
 them there (unknown, hidden, seen, the request's filters), scores, and a top-K.
+A user in a running experiment's arm is scored by that arm's model instead
+(:mod:`app.experiments.arms`); the response and its served-log record name the arm.
 
 Fallbacks (``fallback: true`` in the response, counted by reason):
 
@@ -33,6 +35,7 @@ import redis
 
 from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
+from app.experiments.arms import ArmModels, Assignment
 from app.metrics import Metrics
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
@@ -95,6 +98,7 @@ class Recommender:
         max_id_length: int,
         clock: Callable[[], float] = time.time,
         served_log: ServedLogWriter | None = None,
+        arms: ArmModels | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -108,6 +112,8 @@ class Recommender:
         self.max_id_length = max_id_length
         self.served_log = served_log
         """Where model-ranked responses are logged (None: not logged)."""
+        self.arms = arms
+        """The running experiment's arms (None: experiments off)."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""
@@ -131,9 +137,11 @@ class Recommender:
     def recommend(self, request: RecommendRequest) -> RecommendResponse:
         count = self.validate(request)
         started = time.perf_counter()
-        model = self.holder.current  # read once: in-flight requests keep their version
+        assigned = self.arms.assign(request.user_id) if self.arms is not None else None
+        # Read once: in-flight requests keep their version.
+        model = self.holder.current if assigned is None else assigned.model
         try:
-            response = self._recommend(request, count, model)
+            response = self._recommend(request, count, model, assigned)
         except BACKEND_ERRORS as exc:
             log.warning("recommend degraded: %s", exc)
             response = self._degraded(request, count, model)
@@ -146,7 +154,11 @@ class Recommender:
         return response
 
     def _recommend(
-        self, request: RecommendRequest, count: int, model: LoadedModel | None
+        self,
+        request: RecommendRequest,
+        count: int,
+        model: LoadedModel | None,
+        assigned: Assignment | None = None,
     ) -> RecommendResponse:
         t0 = time.perf_counter()
         now_ms = int(self.clock() * 1000)
@@ -178,11 +190,14 @@ class Recommender:
         scores, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, rows
         )
-        response, order = self._respond(ids, sources, scores, count, model.version, reason)
+        response, order = self._respond(
+            ids, sources, scores, count, model.version, reason, arm=assigned
+        )
         if self.served_log is not None and features is not None:
             self.served_log.record(Served(
                 response.recommendation_id, request.user_id, now_ms, model.version,
                 request.context, ids, sources, scores, order, features,
+                assigned.tag if assigned is not None else None,
             ))
         return response
 
@@ -196,6 +211,7 @@ class Recommender:
         reason: str | None,
         zero: bool = False,
         degraded: bool = False,
+        arm: Assignment | None = None,
     ) -> tuple[RecommendResponse, np.ndarray]:
         """The response's top ``count`` items, and their rows in ``ids`` (best first)."""
         k = min(count, len(ids))
@@ -217,6 +233,7 @@ class Recommender:
                 "fallback": reason is not None,
                 "fallback_reason": reason,
                 "degraded": degraded,
+                "experiment": None if arm is None else {"id": arm.experiment, "arm": arm.arm},
             }
         )
         return response, order

@@ -68,6 +68,13 @@ class RecommendItem(_Response):
     """Candidate source: covisit, creators, trending, fresh or request."""
 
 
+class ExperimentArm(_Response):
+    id: str
+    """The experiment (``docs/experiments.md``)."""
+    arm: str
+    """The user's arm: its model family ranked the items."""
+
+
 class RecommendResponse(_Response):
     recommendation_id: str
     """Pass back in events as ``recommendation_id`` to attribute them."""
@@ -80,6 +87,9 @@ class RecommendResponse(_Response):
     """``unknown_user``, ``no_model``, ``degraded`` (a backend is down) or ``error``."""
     degraded: bool = False
     """True when the items come from the in-process popular list (backend down or error)."""
+    experiment: ExperimentArm | None = None
+    """The experiment arm whose model ranked the items; None outside any experiment (and
+    in fallbacks)."""
 
 
 def _items(component: str) -> WithJsonSchema:

@@ -28,7 +28,7 @@ from feature_store.eventlog.base import EventLog
 from feature_store.events import EventContext
 from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.features.values import FeatureValues, ValueLayout
-from feature_store.served import ServedItem, ServedRecord
+from feature_store.served import ServedArm, ServedItem, ServedRecord
 from feature_store.settings import ServedLogSettings
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class Served:
     order: Indices
     """Rows of the served items, best first (the response's items)."""
     features: BatchFeatures
+    arm: ServedArm | None = None
+    """The experiment arm whose model ranked it, if any."""
 
 
 class ServedLogWriter:
@@ -146,4 +148,5 @@ class ServedLogWriter:
             items=items,
             request_values=np.ascontiguousarray(request),
             item_values=np.ascontiguousarray(values[:, layout.item_slots]),
+            arm=served.arm,
         )

@@ -24,6 +24,7 @@ import uvicorn
 
 from app.main import Extension, create_app
 from app.service import Service
+from feature_store import tracing
 from feature_store.component import TrainerHandle, load_trainer_factory
 from feature_store.control import ControlListener, control_channel
 from feature_store.retrain import RetrainManager
@@ -85,9 +86,11 @@ def run_embedded(settings: Settings, host: str, port: int, demo: bool = False) -
         settings.data_dir,
         ", demo traffic on" if demo else "",
     )
-    return _serve(create_app(settings, extensions=embedded_extensions(demo)), host, port)
+    with tracing.configured(settings.tracing, "embedded"):
+        return _serve(create_app(settings, extensions=embedded_extensions(demo)), host, port)
 
 
 def run_service(settings: Settings, host: str, port: int) -> int:
     """The HTTP service alone."""
-    return _serve(create_app(settings), host, port)
+    with tracing.configured(settings.tracing, "api"):
+        return _serve(create_app(settings), host, port)

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from app.cache import CachedReads
 from app.candidates.retrieval import Retriever
+from app.experiments.arms import ArmModels
+from app.experiments.checkpoints import FeedCheckpoints, open_checkpoints
+from app.experiments.feed import ExperimentFeed, run_experiment_feed
 from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
 from app.scoring.onnx_model import LoadedModel, ModelHolder, ModelLoadError, load_model
@@ -24,8 +27,10 @@ from app.scoring.scorer import Scorer
 from app.scoring.video_table import video_source
 from app.served_log import ServedLogWriter
 from app.signal_feed import SignalFeed, run_signal_feed
+from feature_store import tracing
 from feature_store.breaker import Breaker, redis_breaker
 from feature_store.events import EventValidator
+from feature_store.experiments import ExperimentSpec, ExperimentStore
 from feature_store.features.values import layout_of
 from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
@@ -49,6 +54,11 @@ class Service:
     validator: EventValidator
     feed: SignalFeed | None = None
     """The signal feed, when this process runs it (``api.signal_feed``)."""
+    experiments: ExperimentStore | None = None
+    arms: ArmModels | None = None
+    experiment_feed: ExperimentFeed | None = None
+    """The experiment metrics feed, when this process runs it (``experiments.metrics_feed``)."""
+    experiment_checkpoints: FeedCheckpoints | None = None
     started_at: float = field(default_factory=time.time)
 
     @property
@@ -78,6 +88,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     settings = resources.settings
     api = settings.api
     metrics = metrics or Metrics()
+    if tracing.enabled():  # spans per recommend stage (nothing wrapped when off)
+        metrics.observe_stage = tracing.stage_observer(metrics.observe_stage)  # type: ignore[method-assign,assignment]
     signals = attach_signals(resources)
     reads = CachedReads(
         resources.catalog,
@@ -124,6 +136,11 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         on_swap=lambda m: metrics.set_model(m.version, m.provider, m.warmup_seconds),
         on_failure=lambda version, exc: metrics.model_load_failures.inc(),
     )
+    experiments = ExperimentStore(resources.registry.root)
+    arms = ArmModels(
+        experiments, resources.registry, holder, loader, api.model_poll_interval_s,
+        metrics.registry,
+    )
     retriever = Retriever(resources.catalog, signals, api, reads.videos)
     popular = PopularList(retriever, api.max_candidates, api.fallback_refresh_s)
     served_log = (
@@ -143,6 +160,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         api,
         settings.limits.max_id_length,
         served_log=served_log,
+        arms=arms,
     )
     service = Service(
         resources=resources,
@@ -155,6 +173,9 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         popular=popular,
         recommender=recommender,
         validator=EventValidator(settings.limits),
+        experiments=experiments,
+        arms=arms,
+        experiment_checkpoints=open_checkpoints(resources),
     )
     for name, breaker in service.dependencies().items():
         metrics.dependency_up.labels(name).set_function(_up_of(breaker))
@@ -163,6 +184,14 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
             stack.enter_context(served_log)
         holder.start()
         stack.callback(holder.close)
+        _start_configured(experiments, settings.experiments.configured)
+        arms.start()
+        stack.callback(arms.close)
+        if settings.experiments.metrics_feed and resources.served_log is not None:
+            assert service.experiment_checkpoints is not None
+            service.experiment_feed = stack.enter_context(
+                run_experiment_feed(resources, experiments, service.experiment_checkpoints)
+            )
         if api.signal_feed:
             service.feed = stack.enter_context(run_signal_feed(resources, signals))
         popular.maybe_refresh()
@@ -176,3 +205,14 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
             model.provider if model else "-",
         )
         yield service
+
+
+def _start_configured(store: ExperimentStore, specs: Sequence[ExperimentSpec]) -> None:
+    """Start the experiments the settings define and the book lacks (``experiments.configured``)."""
+    if not specs:
+        return
+    waiting = store.ensure(specs, "settings", int(time.time() * 1000))
+    for experiment_id in waiting:
+        log.warning(
+            "configured experiment %s not started: another experiment is running", experiment_id
+        )

@@ -17,7 +17,11 @@
    served log's cost: a second server on the same data with
    ``served_log.enabled=false``, measured alternately with the first
    (sequential, given candidates): p50 and server CPU per request with and
-   without logging each response's features (``served_log_cost``).
+   without logging each response's features (``served_log_cost``). The same
+   for tracing: a server exporting every request's spans over OTLP/HTTP to a
+   local sink, alternately with the first (tracing off: ``tracing_cost``).
+   With ``--baseline-tree DIR``, a server run from another checkout (the
+   code before a change) alternately with this one (``baseline``).
 4. Measures the floor in this process on the same data: the same sparse pulls
    and ONNX run for the same requests, without HTTP, JSON or candidate work,
    the whole in-process recommend for reference, and each recommend stage's
@@ -140,7 +144,9 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
 class Server:
     """``vidrec serve`` in a subprocess."""
 
-    def __init__(self, data_dir: Path, port: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, data_dir: Path, port: int, env: dict[str, str], cwd: Path = ROOT
+    ) -> None:
         self.port = port
         self.process = subprocess.Popen(
             [
@@ -157,7 +163,7 @@ class Server:
                 "--port",
                 str(port),
             ],
-            cwd=ROOT,
+            cwd=cwd,  # `-m app.cli` imports the app of this directory
             env={**os.environ, **env},
         )
 
@@ -267,46 +273,117 @@ def run_load(port: int, bodies: list[bytes], total: int, clients: int) -> dict[s
     }
 
 
+def alternate(
+    servers: dict[str, Server], bodies: list[bytes], total: int, rounds: int = 2
+) -> dict[str, dict[str, Any]]:
+    """p50 and server CPU per request of each server, measured alternately: ``rounds``
+    rounds of ``total / rounds`` sequential requests per server, taking turns, so that a
+    change of the machine's speed during the runs weighs on all of them alike."""
+    latencies: dict[str, list[float]] = {name: [] for name in servers}
+    cpu = dict.fromkeys(servers, 0.0)
+    share = max(1, total // rounds)
+    requests = encode_recommend(bodies)
+    for _ in range(rounds):
+        for name, server in servers.items():
+            before = server.cpu_seconds()
+            result = _client((server.port, requests, 0, share, RECOMMENDED))
+            latencies[name] += result[0]
+            cpu[name] += server.cpu_seconds() - before
+    return {
+        name: summary(latencies[name])
+        | {"server_cpu_ms_per_request": round(cpu[name] * 1000 / (rounds * share), 3)}
+        for name in servers
+    }
+
+
+def _difference(out: dict[str, Any], on: str, off: str) -> dict[str, Any]:
+    out["p50_added_ms"] = round(out[on]["p50_ms"] - out[off]["p50_ms"], 3)
+    out["cpu_added_ms_per_request"] = round(
+        out[on]["server_cpu_ms_per_request"] - out[off]["server_cpu_ms_per_request"], 3
+    )
+    return out
+
+
+def second_server(
+    data_dir: Path, env: dict[str, str], bodies: list[bytes], cwd: Path = ROOT
+) -> Server:
+    from tests.services import free_port
+
+    server = Server(data_dir, free_port(), env, cwd)
+    server.wait_ready()
+    run_load(server.port, bodies, 300, 1)  # warm, as the first server was
+    return server
+
+
 def served_log_cost(
     logging_server: Server, data_dir: Path, env: dict[str, str], bodies: list[bytes], total: int
 ) -> dict[str, Any]:
-    """p50 and server CPU per request with the served log and without, measured alternately.
-
-    A second server on the same data with ``served_log.enabled=false``; four
-    rounds of ``total / 2`` sequential requests, alternating servers, so that a
-    change of the machine's speed during the runs weighs on both alike.
-    """
-    from tests.services import free_port
-
-    quiet = Server(data_dir, free_port(), env | {"VIDREC_SERVED_LOG__ENABLED": "false"})
+    """p50 and server CPU per request with the served log and without, measured alternately
+    (a second server on the same data with ``served_log.enabled=false``)."""
+    quiet = second_server(data_dir, env | {"VIDREC_SERVED_LOG__ENABLED": "false"}, bodies)
     try:
-        quiet.wait_ready()
-        run_load(quiet.port, bodies, 300, 1)  # warm, as the first server was
-        latencies: dict[str, list[float]] = {"with": [], "without": []}
-        cpu: dict[str, float] = {"with": 0.0, "without": 0.0}
-        share = max(1, total // 2)
-        for _ in range(2):
-            for name, server in (("with", logging_server), ("without", quiet)):
-                before = server.cpu_seconds()
-                result = _client((server.port, encode_recommend(bodies), 0, share, RECOMMENDED))
-                latencies[name] += result[0]
-                cpu[name] += server.cpu_seconds() - before
+        out = alternate(
+            {"with_served_log": logging_server, "without_served_log": quiet}, bodies, total
+        )
     finally:
         quiet.stop()
-    out: dict[str, Any] = {}
-    for name in ("with", "without"):
-        out[f"{name}_served_log"] = summary(latencies[name]) | {
-            "server_cpu_ms_per_request": round(cpu[name] * 1000 / (2 * share), 3),
-        }
-    out["p50_added_ms"] = round(
-        out["with_served_log"]["p50_ms"] - out["without_served_log"]["p50_ms"], 3
-    )
-    out["cpu_added_ms_per_request"] = round(
-        out["with_served_log"]["server_cpu_ms_per_request"]
-        - out["without_served_log"]["server_cpu_ms_per_request"],
-        3,
-    )
-    return out
+    return _difference(out, "with_served_log", "without_served_log")
+
+
+class _OtlpSink:
+    """A local OTLP/HTTP receiver that accepts and drops spans (the collector's place)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def tracing_cost(
+    quiet_server: Server, data_dir: Path, env: dict[str, str], bodies: list[bytes], total: int
+) -> dict[str, Any]:
+    """p50 and server CPU per request with tracing on (every request sampled, spans
+    exported over OTLP/HTTP to a local sink) and off (the first server), alternately."""
+    sink = _OtlpSink()
+    traced = second_server(data_dir, env | {"VIDREC_TRACING__OTLP_ENDPOINT": sink.url}, bodies)
+    try:
+        out = alternate({"tracing_on": traced, "tracing_off": quiet_server}, bodies, total)
+    finally:
+        traced.stop()
+        sink.close()
+    return _difference(out, "tracing_on", "tracing_off")
+
+
+def baseline_cost(
+    server: Server, tree: Path, data_dir: Path, env: dict[str, str], bodies: list[bytes],
+    total: int,
+) -> dict[str, Any]:
+    """The same server run from another checkout (``--baseline-tree``: the code before a
+    change), alternately with this one, on the same data: before and after."""
+    before = second_server(data_dir, env, bodies, cwd=tree)
+    try:
+        out = alternate({"this_tree": server, "baseline_tree": before}, bodies, total, rounds=4)
+    finally:
+        before.stop()
+    out["baseline_tree"]["path"] = str(tree)
+    return _difference(out, "this_tree", "baseline_tree")
 
 
 def summary(ms: list[float]) -> dict[str, float]:
@@ -417,6 +494,11 @@ def main() -> int:
     parser.add_argument("--candidates", type=int, default=500)
     parser.add_argument("--backend", choices=["memory", "redis"], default="memory")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving.json"))
+    parser.add_argument(
+        "--baseline-tree", default=None,
+        help="another checkout (e.g. a worktree of the previous commit): its server is "
+        "measured alternately with this one's on the same data (before / after)",
+    )
     args = parser.parse_args()
 
     import tempfile
@@ -473,6 +555,11 @@ def main() -> int:
         results["served_log_cost"] = served_log_cost(
             server, data_dir, env, given, args.requests
         )
+        results["tracing_cost"] = tracing_cost(server, data_dir, env, given, args.requests)
+        if args.baseline_tree:
+            results["baseline"] = baseline_cost(
+                server, Path(args.baseline_tree).resolve(), data_dir, env, given, args.requests
+            )
     finally:
         server.stop()
     results["floor"] = floor(settings, requests, args.requests)

@@ -72,6 +72,9 @@ CONTROL_ACKS = f"{REDIS_ROOT}:control:ack"
 """Capped stream of trainers' acknowledgements of those commands."""
 DASHBOARD_AUDIT = f"{REDIS_ROOT}:dashboard:audit"
 """Capped stream of the dashboard's audit log (who did what, when, with what outcome)."""
+EXPERIMENT_FEED = f"{REDIS_ROOT}:exp:feed"
+"""Hash of event-log partition -> the experiment feed's checkpoint of it (JSON: offset, log
+time, per-arm totals); see ``app/experiments/checkpoints.py``."""
 
 # --- Kafka topics --------------------------------------------------------
 

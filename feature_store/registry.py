@@ -116,16 +116,24 @@ class ModelRegistry:
             raise
         return final
 
-    def activate(self, version: str) -> None:
-        """Make ``version`` the one served; the old one goes on the rollback stack."""
+    def activate(self, version: str, *, within_family: str | None = None) -> bool:
+        """Make ``version`` the one served; the old one goes on the rollback stack.
+
+        With ``within_family``, only when no version is active or the active one
+        is of that family (a trainer's auto-activation: it never takes serving
+        away from a family an operator promoted). Returns whether it activated.
+        """
         self.manifest(version)  # raises NotFound
         with self._lock:
             pointer = self._read_pointer()
             current = pointer.get("version")
             if current == version:
-                return
+                return True
+            if within_family is not None and current and self._family(current) != within_family:
+                return False
             previous = [v for v in ([current] if current else []) + pointer.get("previous", [])]
             self._write_pointer({"version": version, "previous": previous[:_ROLLBACK_DEPTH]})
+            return True
 
     def rollback(self) -> str:
         """Re-activate the previous version; returns it."""
@@ -187,6 +195,22 @@ class ModelRegistry:
     def previous(self) -> list[str]:
         return list(self._read_pointer().get("previous", []))
 
+    def _family(self, version: str) -> str | None:
+        try:
+            return self.manifest(version).family
+        except NotFound:
+            return family_of(version)
+
+    def latest_of(self, family: str) -> str | None:
+        """The newest complete version of ``family`` (by name: no manifest is read)."""
+        names = [
+            p.name
+            for p in self.versions_dir.iterdir()
+            if p.name.startswith(family) and family_of(p.name) == family
+            and (p / MANIFEST_FILE).is_file()
+        ]
+        return max(names, default=None)
+
     def latest(self) -> str | None:
         versions = self.list_versions()
         return versions[-1] if versions else None
@@ -205,6 +229,16 @@ class ModelRegistry:
         os.close(fd)
         _fsync_write(Path(tmp), json.dumps(data).encode())
         os.replace(tmp, self.root / ACTIVE_FILE)
+
+
+_STAMPED = re.compile(r"^(?P<family>[A-Za-z0-9_-]+)-\d{8}T\d{6}-\d+$")
+"""A name :meth:`ModelRegistry.new_version_name` made: family, UTC stamp, digits."""
+
+
+def family_of(version: str) -> str | None:
+    """The family a version name carries (None for a name not made by the registry)."""
+    match = _STAMPED.match(version)
+    return match.group("family") if match else None
 
 
 def _check_name(version: str) -> None:

@@ -11,7 +11,9 @@ trainer with the same factory over a copy of the live
   to the chosen time (``seek_to_timestamp``, by the log's record time)
   before the first poll; the checkpoints and metrics series follow the group;
 - exports land in the shared registry under the family's name and are
-  **never auto-activated**: the operator compares and chooses;
+  activated automatically only while the family is the active one (an
+  operator promoted it, or an experiment concluded with it): until then the
+  operator compares (or runs an experiment) and chooses;
 - the activity store (user histories, video counters) is a **private,
   in-process** one, rebuilt from the replay, instead of the shared store.
 
@@ -213,7 +215,7 @@ class RetrainManager:
         settings = live.settings
         sparse = settings.sparse.model_copy(update={"model_name": family_id})
         group = f"{settings.trainer.group_id}-{family_id}"[:64]
-        trainer = settings.trainer.model_copy(update={"group_id": group, "auto_activate": False})
+        trainer = settings.trainer.model_copy(update={"group_id": group})
         fam_settings = settings.model_copy(update={"sparse": sparse, "trainer": trainer})
         tables = {
             spec.name: open_table(spec, fam_settings, redis_client=live.redis_client)

@@ -22,6 +22,13 @@ Wire format: one JSON object per record (base64 for the two arrays, little
 endian uint64), versioned by ``v``. The decoder checks ids, sizes and that
 the arrays have the widths the record states; whether those widths fit the
 reader's schema is the reader's business (``schema`` names the schema hash).
+
+Versions: ``v: 2`` adds ``experiment`` and ``arm`` (the experiment arm whose
+model ranked the response, :mod:`feature_store.experiments`); a record
+outside any experiment is still written as ``v: 1``, so readers that know
+only version 1 (a trainer not yet upgraded) keep joining every record but
+the experiment's (which they dead-letter, and featurise those impressions
+from the stores). Both versions decode here.
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ from pydantic import ValidationError
 from feature_store.errors import InvalidInput
 from feature_store.events import EventContext, check_id
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest version written (only by records that carry an arm: see the module doc)."""
+_VERSIONS = (1, 2)
 _HARD_MAX_ITEMS = 10_000
 
 
@@ -53,6 +62,13 @@ class ServedItem(NamedTuple):
     """The model's score when it was served."""
     source: str
     """The candidate source that proposed it."""
+
+
+class ServedArm(NamedTuple):
+    """The experiment arm that ranked a response."""
+
+    experiment: str
+    arm: str
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,8 @@ class ServedRecord:
     """``(R,)`` the slots every item shares (the layout's ``request_slots``)."""
     item_values: npt.NDArray[np.uint64]
     """``(K, I)`` the other slots, per item in ``items`` order (``item_slots``)."""
+    arm: ServedArm | None = None
+    """The experiment arm whose model ranked it (None: the active version, no experiment)."""
 
     def position_of(self, video_id: str) -> int | None:
         """Index in ``items`` of ``video_id``, None if it was not served here."""
@@ -87,7 +105,7 @@ def _array_text(values: npt.NDArray[np.uint64]) -> str:
 def encode_served(record: ServedRecord) -> bytes:
     """The record as compact JSON (see the module docstring)."""
     data: dict[str, Any] = {
-        "v": FORMAT_VERSION,
+        "v": 1 if record.arm is None else FORMAT_VERSION,
         "recommendation_id": record.recommendation_id,
         "user_id": record.user_id,
         "ts": record.ts_ms,
@@ -104,6 +122,8 @@ def encode_served(record: ServedRecord) -> bytes:
     }
     if record.model_version is not None:
         data["model_version"] = record.model_version
+    if record.arm is not None:
+        data["experiment"], data["arm"] = record.arm
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -170,9 +190,11 @@ def decode_served(value: bytes, max_id_length: int) -> ServedRecord:
         raise InvalidInput("body", "not a JSON object") from exc
     if not isinstance(data, dict):
         raise InvalidInput("body", "not a JSON object")
-    if data.get("v") != FORMAT_VERSION:
-        raise InvalidInput("v", f"unknown format version {data.get('v')!r}")
+    version = data.get("v")
+    if version not in _VERSIONS or isinstance(version, bool):
+        raise InvalidInput("v", f"unknown format version {version!r}")
     ids = _strings(data, max_id_length)
+    arm = _arm(data, max_id_length) if version >= 2 else None
     ts = _int(data, "ts", 0, 2**53)
     try:
         context = EventContext.model_validate(data.get("context", {}))
@@ -195,4 +217,16 @@ def decode_served(value: bytes, max_id_length: int) -> ServedRecord:
         items=items,
         request_values=request,
         item_values=per_item.reshape(len(items), widths[1]),
+        arm=arm,
     )
+
+
+def _arm(data: dict[str, Any], max_id_length: int) -> ServedArm:
+    fields = []
+    for field in ("experiment", "arm"):
+        text = data.get(field)
+        if not isinstance(text, str):
+            raise InvalidInput(field, "must be a string (format version 2)")
+        check_id(field, text, max_id_length)
+        fields.append(text)
+    return ServedArm(*fields)

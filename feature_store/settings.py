@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.errors import ConfigurationError
+from feature_store.experiments import ExperimentSpec
 
 
 class _Section(BaseModel):
@@ -298,6 +299,55 @@ class DashboardSettings(_Section):
     """Most recent audit entries shown on the page."""
 
 
+class ExperimentSettings(_Section):
+    """Experiments: users split between model families (``docs/experiments.md``).
+
+    Definitions live in the model registry's directory (``experiments.json``),
+    so every serving process sees the same ones; an admin creates, stops and
+    concludes them on the dashboard. ``configured`` adds definitions from the
+    settings at start.
+    """
+
+    configured: tuple[ExperimentSpec, ...] = ()
+    """Experiments created at start when the registry has none of that id (one running at a
+    time: a configured one is skipped, with a warning, while another runs). JSON in the
+    environment: ``VIDREC_EXPERIMENTS__CONFIGURED='[{"id": "e1", "arms": [{"name": "a",
+    "family": "main"}, {"name": "b", "family": "r20260101000000"}]}]'``."""
+    metrics_feed: bool = True
+    """Run the per-arm metrics feed (a consumer group joining events to the served log's
+    arms) in the service process. Off where another serving process runs it."""
+    attribution_window_ms: int = Field(10 * 60 * 1000, ge=1000, le=24 * 3600 * 1000)
+    """Events count for a response's arm this long (log time) after it was served; later
+    ones are ignored. Longer catches slower feedback (long watches) at the cost of memory:
+    every impression of the window is held (about 200 bytes each)."""
+    max_open_exposures: int = Field(200_000, ge=1000)
+    """Impressions held per serving process while their window is open; beyond it the
+    oldest are closed early (counted), so memory stays bounded."""
+    checkpoint_every_s: float = Field(1.0, gt=0)
+    """Seconds between saves of the per-partition totals (what the dashboard reads)."""
+
+
+class TracingSettings(_Section):
+    """OpenTelemetry tracing (``pip install -e ".[tracing]"``): off unless an endpoint is set.
+
+    With no endpoint nothing is imported and no span is made; see
+    ``docs/deploy.md`` (*Tracing*) for the spans and how a trace crosses the log.
+    """
+
+    otlp_endpoint: str | None = None
+    """OTLP/HTTP traces endpoint, e.g. ``http://otel-collector:4318/v1/traces``. None: off."""
+    service_name: str = Field("vidrec", min_length=1, max_length=64)
+    """``service.name`` of the spans; the process's role is appended (``vidrec-api``,
+    ``vidrec-trainer``, ``vidrec-embedded``)."""
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    """Share of new traces recorded (a request carrying a sampled ``traceparent`` is
+    always recorded: parent-based)."""
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    """Extra HTTP headers of the export requests (a collector's API key)."""
+    timeout_s: float = Field(5.0, gt=0)
+    """Longest an export request may take, s (spans are batched off the request path)."""
+
+
 class TrainerSettings(_Section):
     """The online trainer (``vidrec train``, or a thread of ``vidrec up``).
 
@@ -442,6 +492,8 @@ class Settings(BaseSettings):
     trainer: TrainerSettings = TrainerSettings()
     api: ApiSettings = ApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    experiments: ExperimentSettings = ExperimentSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @model_validator(mode="after")
     def _enforce_production_safety(self) -> Settings:

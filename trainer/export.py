@@ -134,12 +134,16 @@ def publish(
     family: str,
     training_position: dict[str, Any],
     metrics: dict[str, float],
-    activate: bool,
+    activate: bool | Literal["own_family"],
     keep: int,
     exporter: Exporter = "torchscript",
     extra: dict[str, Any] | None = None,
 ) -> str:
     """Export ``model`` as a new version; activate and prune as asked; returns its name.
+
+    ``activate="own_family"`` (the trainer's automatic activation) activates only
+    while the active version is of ``family`` (or none is): a family an operator
+    promoted instead keeps serving, and its own trainer's exports follow it.
 
     The version appears whole or not at all (the registry builds it in a
     hidden directory); pruning never removes the active version.
@@ -161,7 +165,7 @@ def publish(
     )
     registry.publish(lambda path: export_onnx(model, schema, path, exporter), manifest)
     if activate:
-        registry.activate(version)
+        registry.activate(version, within_family=family if activate == "own_family" else None)
     registry.prune(keep)
     return version
 

@@ -48,12 +48,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from queue import Empty, SimpleQueue
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
 
+from feature_store import tracing
 from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event, EventType
@@ -127,7 +128,10 @@ class OnlineTrainer:
         """Log time (ms) of the newest record trained per partition: where a restarted
         trainer resumes reading the served log (minus its join window)."""
         self.served = (
-            ServedJoin(resources.served_log, settings.served_log, self.trainer.extractor)
+            ServedJoin(
+                resources.served_log, settings.served_log, self.trainer.extractor,
+                settings.sparse.model_name,
+            )
             if resources.served_log is not None
             else None
         )
@@ -218,7 +222,8 @@ class OnlineTrainer:
                 self.state = "running"
                 records = fetcher.get(timeout_s=0.1)
                 if records:
-                    self.train_records(records)
+                    with tracing.batch_span("trainer.batch", records):
+                        self.train_records(records)
                 elif records is IDLE:
                     self._train_idle()
                     self._retry(self.trainer.settle)
@@ -329,7 +334,7 @@ class OnlineTrainer:
                 self.resources.activity,
                 self.history_limit,
             )
-        unscored = sorted(set(shown) - set(served))
+        unscored = [i for i in shown if np.isnan(scores[i])]  # not served, or by another family
         if unscored:
             batch = FeatureValues(layout, values[unscored]).to_batch()
             with self._lock:
@@ -424,7 +429,7 @@ class OnlineTrainer:
         )
         if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
             try:
-                self.export(cfg.auto_activate)
+                self.export("own_family" if cfg.auto_activate else False)
             except Exception as exc:  # a failed export must not stop training; retried later
                 self.last_error = f"export failed: {exc!r}"
                 self._last_export = now
@@ -464,7 +469,7 @@ class OnlineTrainer:
 
     # --- export, checkpoint, restore ---------------------------------------
 
-    def export(self, activate: bool) -> str:
+    def export(self, activate: bool | Literal["own_family"]) -> str:
         """Publish the current dense network as a registry version."""
         with self._lock:
             version = publish(

@@ -41,6 +41,7 @@ from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.sources import SOURCES
+from feature_store.registry import family_of
 from feature_store.served import ServedRecord
 from feature_store.settings import ServedLogSettings
 from trainer.labels import merge_context
@@ -62,12 +63,19 @@ class ServedJoin:
     """A bounded index of served records, read from the served log (see the module doc)."""
 
     def __init__(
-        self, served_log: EventLog, settings: ServedLogSettings, extractor: FeatureExtractor
+        self,
+        served_log: EventLog,
+        settings: ServedLogSettings,
+        extractor: FeatureExtractor,
+        family: str = "main",
     ) -> None:
         self.log = served_log
         self.window_ms = settings.join_window_ms
         self.max_records = settings.join_max_records
         self.extractor = extractor
+        self.family = family
+        """This trainer's model family: served scores of its own versions are its
+        predictions as shown; another family's are not (see :meth:`moments`)."""
         self.layout = extractor.layout
         self.schema_hash = extractor.schema.schema_hash()
         self._records: OrderedDict[str, tuple[ServedRecord, int]] = OrderedDict()
@@ -189,6 +197,9 @@ class ServedJoin:
                 self.mismatched += 1
                 continue
             item = record.items[at]
+            own = record.model_version is not None and (
+                family_of(record.model_version) == self.family
+            )
             values = np.empty(self.layout.width, dtype=np.uint64)
             values[self.layout.request_slots] = record.request_values
             values[self.layout.item_slots] = record.item_values[at]
@@ -197,7 +208,9 @@ class ServedJoin:
             contexts.append(FeatureRow(record.user_id, event.video_id, record.ts_ms, None, context))
             found.append(i)
             rows.append(values)
-            scores.append(item.score)
+            # Another family's score (an experiment's other arm, or the live family seen by
+            # a retrain) is not this model's prediction: scored by this model instead.
+            scores.append(item.score if own else np.nan)
         self.joined += len(found)
         if not found:
             return [], np.zeros((0, self.layout.width), np.uint64), np.zeros(0)

@@ -9,6 +9,9 @@ control channel (:mod:`feature_store.control`) and end with the trainer's
 final acknowledgement, or ``timeout`` when none came within
 ``dashboard.ack_timeout_s`` (no trainer listening, or it is stuck).
 
+Experiment actions (start, stop, conclude: promote the winner) are done by
+:mod:`app.dashboard.experiments`, on the experiment book and the registry.
+
 Registry actions (promote, rollback) are done here, on the shared registry,
 and end once this service has hot-swapped to the new active version: if the
 service refuses it (say, a version of a family whose sparse tables it cannot
@@ -38,7 +41,10 @@ from feature_store.registry import VERSION_NAME
 
 log = logging.getLogger(__name__)
 
-Action = Literal["export", "pause", "resume", "promote", "rollback", "retrain", "retrain_stop"]
+Action = Literal[
+    "export", "pause", "resume", "promote", "rollback", "retrain", "retrain_stop",
+    "experiment_start", "experiment_stop", "experiment_conclude",
+]
 TRAINER_ACTIONS = ("export", "pause", "resume", "retrain", "retrain_stop")
 AUDIT_LOOKBACK = 5_000
 """Newest audit entries searched for an earlier use of an action id."""
@@ -194,6 +200,12 @@ class ActionRunner:
                 )
             elif action == "rollback":
                 status, message, result = await _rollback(self.service, self.timeout_s)
+            elif action.startswith("experiment_"):
+                from app.dashboard.experiments import run_experiment_action
+
+                status, message, result = await run_experiment_action(
+                    self.service, action, args, operator.label, _promote, self.timeout_s
+                )
             else:
                 await asyncio.to_thread(self.channel.send, command)
                 ack = await self._wait_ack(command.id)

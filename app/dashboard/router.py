@@ -13,6 +13,8 @@
   body; ``GET /dashboard/api/commands/{id}``: the trainer's acks of one
   command so far (the page shows progress with it).
 - ``GET /dashboard/api/audit``: the audit log, one row per action.
+- ``GET /dashboard/api/experiments``: the experiments with per-arm figures
+  (:mod:`app.dashboard.experiments`; also in the overview).
 
 The router's lifespan (merged into the app's by FastAPI, so it runs once
 the service is up) starts the serving sampler and opens the audit log and
@@ -43,6 +45,12 @@ from app.dashboard.actions import (
     TrainerActionRequest,
 )
 from app.dashboard.audit import AuditLog, open_audit_log, recent
+from app.dashboard.experiments import (
+    ExperimentConcludeRequest,
+    ExperimentStartRequest,
+    ExperimentStopRequest,
+    experiments_view,
+)
 from app.dashboard.sampling import Sampler
 from app.openapi import errors
 from app.service import Service
@@ -159,6 +167,7 @@ def overview(dashboard: Board, since_ms: Annotated[int, Query(ge=0)] = 0) -> dic
         "models": views.models(service),
         "tables": views.tables(dashboard.sampler),
         "audit": audit,
+        "experiments": experiments_view(service),
     })
 
 
@@ -242,6 +251,36 @@ async def retrain_stop(
 ) -> dict[str, Any]:
     """Stop a retrain family (its exported versions stay in the registry)."""
     return await _act("retrain_stop", body, operator, dashboard)
+
+
+@router.post("/api/actions/experiment_start", responses=ACTION_ERRORS)
+async def experiment_start(
+    body: ExperimentStartRequest, operator: Admin, dashboard: Board
+) -> dict[str, Any]:
+    """Start an experiment: users split between the arms' model families."""
+    return await _act("experiment_start", body, operator, dashboard)
+
+
+@router.post("/api/actions/experiment_stop", responses=ACTION_ERRORS)
+async def experiment_stop(
+    body: ExperimentStopRequest, operator: Admin, dashboard: Board
+) -> dict[str, Any]:
+    """Stop the running experiment with no winner: everyone back on the active version."""
+    return await _act("experiment_stop", body, operator, dashboard)
+
+
+@router.post("/api/actions/experiment_conclude", responses=ACTION_ERRORS)
+async def experiment_conclude(
+    body: ExperimentConcludeRequest, operator: Admin, dashboard: Board
+) -> dict[str, Any]:
+    """Promote the winner: its arm's version becomes active for everyone; the experiment ends."""
+    return await _act("experiment_conclude", body, operator, dashboard)
+
+
+@router.get("/api/experiments", dependencies=[Depends(viewer)], responses=errors(503))
+def experiments(dashboard: Board) -> dict[str, Any]:
+    """The running experiment and the newest ended ones, with per-arm figures."""
+    return views.finite(experiments_view(dashboard.service))
 
 
 @router.get(

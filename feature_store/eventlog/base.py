@@ -26,6 +26,10 @@ Shared semantics (the same tests run against each backend):
   re-reads from the last commit).
 - A consumer object is used from one thread at a time (as a Kafka consumer
   must be); the log itself may be shared by threads.
+- With tracing on, a produce made inside a trace gives its records a
+  ``traceparent`` header (Kafka record headers; the in-process log keeps
+  them in memory beside the record) and consumers hand them on
+  (``ConsumedRecord.headers``): :mod:`feature_store.tracing`.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class ConsumedRecord(Generic[T]):
     offset: int
     log_ts: int
     """Time the log stored the record, ms since epoch."""
+    headers: Sequence[tuple[str, bytes]] | None = None
+    """The record's headers when it has any: the trace context of the request that
+    produced it (:mod:`feature_store.tracing`), when tracing is on."""
 
 
 ConsumedEvent = ConsumedRecord[Event]

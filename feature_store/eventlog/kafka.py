@@ -47,6 +47,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
+from feature_store import tracing
 from feature_store.breaker import Breaker
 from feature_store.constants import DLQ_GROUP_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER
 from feature_store.errors import Conflict, EventLogUnavailable
@@ -304,13 +305,16 @@ class KafkaEventLog:
                 retry_after_s=self.breaker.retry_after_s(),
             )
         codec = self._codec
-        records = [(self.topic, codec.key(item), codec.encode(item), None) for item in events]
-        try:
-            self._send(records, self._timeout_s if timeout_s is None else timeout_s)
-        except EventLogUnavailable as exc:
-            self.breaker.failed(exc)
-            exc.retry_after_s = self.breaker.retry_after_s()
-            raise
+        with tracing.producing(self.topic, len(events)) as headers:
+            records = [
+                (self.topic, codec.key(item), codec.encode(item), headers) for item in events
+            ]
+            try:
+                self._send(records, self._timeout_s if timeout_s is None else timeout_s)
+            except EventLogUnavailable as exc:
+                self.breaker.failed(exc)
+                exc.retry_after_s = self.breaker.retry_after_s()
+                raise
         self.breaker.succeeded()
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
@@ -627,7 +631,9 @@ class KafkaEventConsumer:
                     )
                     dead.append((tp.partition, record.offset, letter))
                     continue
-                events.append(ConsumedEvent(event, tp.partition, record.offset, record.timestamp))
+                events.append(ConsumedEvent(
+                    event, tp.partition, record.offset, record.timestamp, record.headers or None
+                ))
         return events, dead
 
     def _rewind(self, batches: dict[Any, list[Any]]) -> None:

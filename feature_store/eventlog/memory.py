@@ -40,6 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from feature_store import tracing
 from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog.base import (
     ConsumedEvent,
@@ -86,6 +87,9 @@ class _Partition:
         """Per record, the produced event when kept (see the module docstring)."""
         self.timestamps: list[int] = []
         """Log times of ``records``, non-decreasing, for binary search by time."""
+        self.traces: dict[int, list[tuple[str, bytes]]] = {}
+        """Headers by offset, of records produced inside a trace (tracing on): kept in
+        memory only, trimmed with the records."""
         self.start = 0
         """Offset of ``records[0]`` (the log start once retention trimmed)."""
         self.end = 0
@@ -111,10 +115,17 @@ class _Partition:
         return max(1, self.retention // 16)
 
     def append(
-        self, key: bytes | None, value: bytes, now_ms: int, event: Any = None
+        self,
+        key: bytes | None,
+        value: bytes,
+        now_ms: int,
+        event: Any = None,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> StoredRecord:
         last = self.timestamps[-1] if self.timestamps else 0
         record = StoredRecord(self.end, max(now_ms, last), key, value)
+        if headers:
+            self.traces[self.end] = headers
         self.records.append(record)
         self.decoded.append(event)
         if len(self.decoded) > DECODED_WINDOW:
@@ -135,6 +146,9 @@ class _Partition:
         del self.decoded[:drop]
         del self.timestamps[:drop]
         self.start = self.records[0].offset if self.records else self.end
+        traces = self.traces
+        while traces and next(iter(traces)) < self.start:  # offsets in insertion order
+            del traces[next(iter(traces))]
         if persist and self.files is not None:
             self.files.drop_before(self.start)
 
@@ -283,12 +297,17 @@ class MemoryEventLog:
             # What decoding would check; a record that fails is decoded (and refused) later.
             kept = item if codec.keep(item, len(value), now) else None
             items.append((codec.key(item), value, kept))
-        self._append(items)
+        with tracing.producing(self.topic, len(items)) as headers:
+            self._append(items, headers)
 
     def produce_raw(self, key: bytes | None, value: bytes) -> None:
         self._append([(key, value, None)])
 
-    def _append(self, items: list[tuple[bytes | None, bytes, Any]]) -> None:
+    def _append(
+        self,
+        items: list[tuple[bytes | None, bytes, Any]],
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         if not items:
             return
         with self._lock:
@@ -297,7 +316,7 @@ class MemoryEventLog:
             written: dict[int, list[StoredRecord]] = {}
             for key, value, event in items:
                 index = partition_for(key, len(self._partitions))
-                record = self._partitions[index].append(key, value, now, event)
+                record = self._partitions[index].append(key, value, now, event, headers)
                 written.setdefault(index, []).append(record)
             for index, records in written.items():
                 partition = self._partitions[index]
@@ -481,10 +500,13 @@ class MemoryEventConsumer:
         events: list[ConsumedEvent] = []
         dead: list[tuple[int, int, StoredDeadLetter]] = []
         decoder = self._log._codec
+        partitions = self._log._partitions
         for partition, record, kept in records:
             self._first_seen.setdefault(partition, record.offset)
+            traces = partitions[partition].traces
+            headers = traces.get(record.offset) if traces else None
             if kept is not None:
-                events.append(ConsumedEvent(kept, partition, record.offset, record.ts))
+                events.append(ConsumedEvent(kept, partition, record.offset, record.ts, headers))
                 continue
             try:
                 event = decoder.decode(record.value)
@@ -497,7 +519,7 @@ class MemoryEventConsumer:
                 )
                 dead.append((partition, record.offset, letter))
                 continue
-            events.append(ConsumedEvent(event, partition, record.offset, record.ts))
+            events.append(ConsumedEvent(event, partition, record.offset, record.ts, headers))
         return events, dead
 
     def _owned(self, partitions: Sequence[int]) -> None:

@@ -150,7 +150,8 @@ def test_the_served_log_carries_the_values_scored(seed: int) -> None:
     scores = rng.random(len(videos))
     order = np.argsort(-scores)
     writer = ServedLogWriter(None, settings.served_log, layout_of(schema), Metrics())  # type: ignore[arg-type]
-    served = Served("rec1", "u1", TS, "m1", context, [v.video_id for v in videos],
+    version = "main-20260101T000000-00000"  # the trainer's family: its score is the prediction
+    served = Served("rec1", "u1", TS, version, context, [v.video_id for v in videos],
                     ["covisit"] * len(videos), scores, order, scored)
     record = writer.to_record(served)
     assert decode_served(encode_served(record), 128).items == record.items

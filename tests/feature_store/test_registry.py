@@ -91,3 +91,26 @@ def test_pointer_is_shared_between_registry_objects(tmp_path: Path) -> None:
     version = publish(writer, 1)
     writer.activate(version)
     assert reader.active() == version
+
+
+def test_automatic_activation_stays_within_the_active_family(tmp_path: Path) -> None:
+    """A trainer's exports are activated only while its family is the active one."""
+    registry = ModelRegistry(tmp_path)
+
+    def export(family: str, n: int) -> str:
+        version = f"{family}-20260101T0000{n:02d}-00000"
+        registry.publish(lambda path: path.write_bytes(b"onnx"), Manifest(
+            version=version, family=family, created_at_ms=n, schema_hash="abc", table_dims={}))
+        return version
+
+    live = export("main", 1)
+    assert registry.activate(live, within_family="main")  # nothing active yet
+    retrain = export("r2026", 2)
+    assert not registry.activate(retrain, within_family="r2026")  # main is the active family
+    assert registry.active() == live
+    assert registry.latest_of("r2026") == retrain and registry.latest_of("main") == live
+    registry.activate(retrain)  # an operator promotes it (or an experiment's winner)
+    assert not registry.activate(export("main", 3), within_family="main")
+    newer = export("r2026", 4)
+    assert registry.activate(newer, within_family="r2026")  # the promoted family follows
+    assert registry.active() == newer and registry.latest_of("main") == "main-20260101T000003-00000"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,13 @@ from feature_store.errors import InvalidInput
 from feature_store.eventlog.memory import MemoryEventLog
 from feature_store.eventlog.streams import stream_spec
 from feature_store.events import EventContext
-from feature_store.served import ServedItem, ServedRecord, decode_served, encode_served
+from feature_store.served import (
+    ServedArm,
+    ServedItem,
+    ServedRecord,
+    decode_served,
+    encode_served,
+)
 from feature_store.settings import Settings
 
 
@@ -38,6 +45,21 @@ def test_round_trip_keeps_everything() -> None:
     np.testing.assert_array_equal(back.request_values, original.request_values)
     np.testing.assert_array_equal(back.item_values, original.item_values)
     assert back.position_of("v2") == 2 and back.position_of("nope") is None
+
+
+def test_version_2_carries_the_arm_and_version_1_records_still_decode() -> None:
+    plain = json.loads(encode_served(record()))
+    assert plain["v"] == 1 and "arm" not in plain  # no arm: still written as version 1
+    assert decode_served(json.dumps(plain).encode(), 128).arm is None
+    armed = dataclasses.replace(record(), arm=ServedArm("e1", "b"))
+    data = json.loads(encode_served(armed))
+    assert (data["v"], data["experiment"], data["arm"]) == (2, "e1", "b")
+    back = decode_served(encode_served(armed), 128)
+    assert back.arm == ServedArm("e1", "b") and back.items == armed.items
+    for change, field in (({"arm": None}, "arm"), ({"experiment": "a b"}, "experiment")):
+        with pytest.raises(InvalidInput) as raised:
+            decode_served(json.dumps({**data, **change}).encode(), 128)
+        assert raised.value.field == field
 
 
 @pytest.mark.parametrize(

@@ -175,6 +175,32 @@
     if (a.error) $("audit-table").insertAdjacentHTML("beforebegin", `<p class="error">${esc(a.error)}</p>`);
   }
 
+  const ci = (f, fmt) => f ? `${fmt(f.value)} <span class="hint">(${fmt(f.low)} – ${fmt(f.high)})</span>` : "–";
+  const pp = (v) => (v === null || v === undefined || !isFinite(v)) ? "–" : (100 * v).toFixed(2) + "%";
+  const secs = (v) => num(v, 2) + " s";
+  const delta = (f, fmt) => f ? `<span class="${f.low > 0 ? "st-done" : f.high < 0 ? "st-failed" : ""}">${ci(f, fmt)}</span>` : "";
+
+  function renderExperiments(x) {
+    $("experiments-error").textContent = (x && x.error) || "";
+    if (!x) return;
+    const r = x.running;
+    $("btn-experiment-stop").hidden = !r || role !== "admin";
+    $("btn-experiment-stop").dataset.experimentStop = r ? r.id : "";
+    const feed = x.feed ? ` · feed: ${int(x.feed.counted)} events counted${x.feed.last_error ? " (" + x.feed.last_error + ")" : ""}` : "";
+    $("experiment-summary").textContent = r
+      ? `${r.id} · started ${when(r.started_at_ms)} by ${r.started_by} · attribution window ${num((x.window_ms || 0) / 60000, 0)} min${feed}`
+      : "No experiment running.";
+    const rows = (r ? r.arms : []).map((a) => {
+      const d = a.vs_control || {};
+      const promote = role === "admin" ? `<button class="small" data-conclude="${esc(a.arm)}" data-experiment="${esc(r.id)}">Promote</button>` : "";
+      const version = a.version || (a.unavailable ? `<span class="hint">${esc(a.unavailable)}</span>` : "–");
+      return `<tr data-arm="${esc(a.arm)}"><td>${esc(a.arm)}</td><td>${esc(a.family)}</td><td>${version}</td><td>${int(a.impressions)}</td><td>${ci(a.ctr, pp)}</td><td>${delta(d.ctr, pp)}</td><td>${ci(a.finish_rate, pp)}</td><td>${delta(d.finish_rate, pp)}</td><td>${ci(a.watch_s_per_impression, secs)}</td><td>${delta(d.watch_s_per_impression, secs)}</td><td>${promote}</td></tr>`;
+    });
+    table($("experiment-table"), ["arm", "family", "serving", "impressions", "CTR", "Δ CTR", "finishes / impr.", "Δ", "watch / impr.", "Δ", ""], rows);
+    table($("experiment-ended"), ["experiment", "outcome", "ended", "arms"], (x.ended || []).map((e) =>
+      `<tr><td>${esc(e.id)}</td><td>${esc(e.status)}${e.winner ? " · " + esc(e.winner) + " won" : ""}</td><td>${when(e.ended_at_ms)}</td><td class="hint">${e.arms.map((a) => `${esc(a.arm)}: ${int(a.impressions)} impr., CTR ${pp(a.ctr && a.ctr.value)}`).join(" · ")}</td></tr>`));
+  }
+
   async function refresh() {
     if (busy || !role) return;
     busy = true;
@@ -182,6 +208,7 @@
       const o = await api(`/dashboard/api/overview?since_ms=${Math.min(since.training, since.serving)}`);
       renderTraining(o.training); renderServing(o.serving); renderModels(o.models);
       renderTables(o.tables); renderAudit(o.audit); renderRetrains(o.retrains);
+      renderExperiments(o.experiments);
     } catch (e) {
       if (e.message !== "unauthorized") $("training-error").textContent = "refresh failed: " + e.message;
     } finally { busy = false; }
@@ -209,7 +236,12 @@
     promote: (b) => `Promote ${b.version}? It becomes the active version the service serves.`,
     retrain: (b) => `Start a retrain replaying the event log from ${new Date(b.from_ts_ms).toLocaleString("en-GB")}? A new model family trains beside the live one.`,
     retrain_stop: (b) => `Stop retrain family ${b.target}?`,
+    experiment_start: (b) => `Start experiment ${b.experiment.id}? Users are split between ${b.experiment.arms.map((a) => `${a.name} (${a.family})`).join(", ")}.`,
+    experiment_stop: (b) => `Stop experiment ${b.experiment} with no winner? Everyone goes back to the active version.`,
+    experiment_conclude: (b) => `Promote arm ${b.arm} of ${b.experiment}? Its version becomes active for everyone and the experiment ends.`,
   };
+
+  const TRAINER_ACTIONS = ["export", "pause", "resume", "retrain", "retrain_stop"];
 
   async function act(action, body = {}) {
     if (role !== "admin") return;
@@ -227,7 +259,7 @@
         } catch (e) { /* the POST below reports */ }
       }
     };
-    if (!["promote", "rollback"].includes(action)) follow();
+    if (TRAINER_ACTIONS.includes(action)) follow();
     try {
       const out = await api(`/dashboard/api/actions/${action}`, { method: "POST", body: JSON.stringify({ id, ...body }) });
       final = true;
@@ -244,6 +276,18 @@
     if (t.dataset.action) act(t.dataset.action);
     else if (t.dataset.promote) act("promote", { version: t.dataset.promote });
     else if (t.dataset.retrainStop) act("retrain_stop", { target: t.dataset.retrainStop });
+    else if (t.dataset.conclude) act("experiment_conclude", { experiment: t.dataset.experiment, arm: t.dataset.conclude });
+    else if (t.id === "btn-experiment-stop" && t.dataset.experimentStop) act("experiment_stop", { experiment: t.dataset.experimentStop });
+  });
+
+  $("experiment-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const arms = $("experiment-arms").value.split(",").map((s) => s.trim()).filter(Boolean).map((s) => {
+      const [name, rest = ""] = s.split("=");
+      const [family, weight] = rest.split(":");
+      return weight ? { name: name.trim(), family: family.trim(), weight: Number(weight) } : { name: name.trim(), family: family.trim() };
+    });
+    act("experiment_start", { experiment: { id: $("experiment-id").value.trim(), arms } });
   });
 
   $("retrain-form").addEventListener("submit", (ev) => {

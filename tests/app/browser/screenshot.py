@@ -5,7 +5,8 @@
 Runs what ``vidrec up --demo`` runs (embedded trainer, demo traffic) on a
 free port in a temporary data directory, exports every 15 s so the versions
 table has rows, does one rollback and one pause/resume through the page's
-API so the audit log has entries, starts a retrain from the log's beginning,
+API so the audit log has entries, starts a retrain from the log's beginning
+and, once it has exported, an experiment of the live family against it,
 looks up a user, and screenshots the page
 in headless Chromium.
 """
@@ -23,7 +24,7 @@ import httpx
 from app.main import create_app
 from app.server import embedded_extensions
 from tests.app.browser.conftest import CHROMIUM_ARGS, chromium_path
-from tests.app.conftest import serve_in_thread
+from tests.app.conftest import serve_in_thread, wait_for
 from tests.app.test_dashboard import dashboard_settings
 
 ADMIN = {"X-API-Key": "vidrec-dev-key", "X-Operator": "ops-demo"}
@@ -55,7 +56,14 @@ def main() -> None:
         started = time.monotonic()
         with httpx.Client(base_url=url, headers=ADMIN, timeout=60) as client:
             time.sleep(args.seconds * 0.3)
-            client.post("/dashboard/api/actions/retrain", json={"from_ts_ms": 0})
+            retrain = client.post("/dashboard/api/actions/retrain", json={"from_ts_ms": 0})
+            family = retrain.json()["result"]["family"]
+            wait_for(lambda: family in {
+                v["family"] for v in client.get("/dashboard/api/overview").json()["models"]
+                .get("versions", [])}, timeout_s=120)
+            client.post("/dashboard/api/actions/experiment_start", json={"experiment": {
+                "id": "live-vs-retrain", "arms": [{"name": "live", "family": "main"},
+                                                   {"name": "retrain", "family": family}]}})
             time.sleep(args.seconds * 0.3)
             client.post("/dashboard/api/actions/pause", json={})
             client.post("/dashboard/api/actions/resume", json={})

@@ -8,6 +8,7 @@ the API serves it), pause and resume the trainer; and a wrong key is refused.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import httpx
@@ -112,6 +113,7 @@ def test_export_rollback_pause_resume(page: Any, live_url: str) -> None:
 
 def test_cancelled_confirmation_does_nothing(page: Any, live_url: str) -> None:
     logged_in(page, live_url)
+    page.wait_for_selector("#audit-table thead")  # the first poll has rendered the log
     before = page.locator("#audit-table tbody tr").count()
     page.click("#btn-pause")
     page.click("#confirm-cancel")
@@ -136,3 +138,32 @@ def test_viewer_key_sees_but_cannot_act(page: Any, live_url: str) -> None:
                       'Content-Type': 'application/json'}, body: '{}'})).status"""
     )
     assert refused == 403
+
+
+def test_an_experiment_is_started_counted_and_concluded_from_the_page(
+    page: Any, live_url: str
+) -> None:
+    """An A/A experiment (both arms on the live family, the usual first check of a split):
+    started from the form, both arms fill with the demo's impressions, concluded."""
+    logged_in(page, live_url)
+    assert "export: done" in confirm_action(page, "#btn-export")  # the family has a version
+    experiment = f"aa-{int(time.time())}"
+    page.fill("#experiment-id", experiment)
+    page.fill("#experiment-arms", "a=main, b=main")
+    started = confirm_action(page, "#btn-experiment-start")
+    assert "experiment_start: done" in started, started
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('#experiment-table tbody tr')]
+            .filter((tr) => Number(tr.cells[3].textContent.replace(/,/g, '')) > 0).length === 2""",
+        timeout=90_000,
+    )
+    assert experiment in (page.text_content("#experiment-summary") or "")
+    concluded = confirm_action(page, "#experiment-table button[data-conclude='b']")
+    assert "experiment_conclude: done" in concluded, concluded
+    page.wait_for_function(
+        "(id) => document.getElementById('experiment-ended').textContent"
+        " .includes(id + 'concluded')",
+        arg=experiment,
+    )
+    assert "b won" in (page.text_content("#experiment-ended") or "")
+    assert page.locator("#experiment-table tbody tr").count() == 0
