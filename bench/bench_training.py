@@ -41,12 +41,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn import functional
 
 from bench.machine import cpu_model
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
+from feature_store.sparse.snapshot import SnapshotData
 from feature_store.synthetic import SyntheticWorld, WorldConfig
 from trainer.loop import OnlineTrainer
 from trainer.samples import Lookup, labelled_rows
@@ -86,13 +88,16 @@ def _settings(data_dir: Path, backend: str, batch: int, threads: int, redis_url:
 
 
 def pipeline_rate(settings: Settings, world: SyntheticWorld, events: list[Any], warmup: int,
-                  measured: int | None = None) -> dict[str, float]:
+                  measured: int | None = None, prefill_rows: int = 0) -> dict[str, float]:
     """Events/s of the real loop from ``warmup`` events to ``measured`` (default: all of
-    ``events``); also samples/s and unique keys."""
+    ``events``); also samples/s and unique keys. ``prefill_rows`` extra rows (random
+    keys, spread evenly over the tables) are loaded first, as old keys would be."""
     end = len(events) if measured is None else measured
     with open_resources(settings) as resources:
         for table in resources.tables.values():
             table.clear()
+        if prefill_rows:
+            _prefill(resources.tables, prefill_rows)
         resources.catalog.upsert(world.videos())
         for start in range(0, len(events), 20_000):
             resources.event_log.produce(events[start : start + 20_000])
@@ -119,6 +124,22 @@ def pipeline_rate(settings: Settings, world: SyntheticWorld, events: list[Any], 
         "unique_keys": float(keys),
         "auc": window["auc"],
     }
+
+
+def _prefill(tables: dict[str, Any], rows: int) -> None:
+    """Load ``rows`` rows of random keys, split evenly over ``tables`` (memory backend)."""
+    rng = np.random.default_rng(7)
+    share = rows // len(tables)
+    for table in tables.values():
+        keys = np.unique(rng.integers(1, 2**63, size=share, dtype=np.uint64))
+        spec = table.spec
+        table.load(SnapshotData(
+            spec=spec,
+            keys=keys,
+            weights=rng.uniform(-0.05, 0.05, size=(len(keys), spec.dim)).astype(np.float32),
+            state=np.full((len(keys), table.state_width), 0.1, dtype=np.float32),
+            updated_at=np.full(len(keys), time.time()),
+        ))
 
 
 def _moments(trainer: Any, chunk: list[Any], lookup: Any, positions: list[int]) -> Any:
