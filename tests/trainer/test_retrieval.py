@@ -187,7 +187,10 @@ def test_unknown_tower_columns_name_the_setting() -> None:
 
 
 @pytest.mark.slow
-def test_loop_trains_exports_and_restores_the_towers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sparse", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_loop_trains_exports_and_restores_the_towers(
+    sparse: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     from feature_store.registry import ModelRegistry
     from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, VIDEO_IDS_FILE
     from feature_store.runtime import open_resources
@@ -196,7 +199,8 @@ def test_loop_trains_exports_and_restores_the_towers(tmp_path: Path) -> None:
     from trainer.component import TrainerComponent
     from trainer.loop import OnlineTrainer
 
-    settings = trainer_settings(tmp_path)
+    redis_url = request.getfixturevalue("redis_url") if sparse == "redis" else None
+    settings = trainer_settings(tmp_path, sparse, redis_url)
     world = SyntheticWorld(WORLD)
     events = world.events(8_000)
     with open_resources(settings) as resources:
