@@ -65,7 +65,7 @@ class RecommendItem(_Response):
     score: float
     """Predicted probability of a positive outcome (0..1); 0 in fallbacks without a model."""
     source: str
-    """Candidate source: covisit, creators, trending, fresh or request."""
+    """Candidate source: embedding, covisit, creators, trending, fresh or request."""
 
 
 class ExperimentArm(_Response):

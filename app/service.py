@@ -127,6 +127,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
             api,
             scorer.warm,
             reads.reader(tables),
+            retrieval=settings.retrieval.enabled,
         )
 
     holder = ModelHolder(

@@ -5,7 +5,10 @@
 1. Prepares a data directory: a synthetic catalog (5,000 videos), 50,000
    synthetic events applied to the activity store and the candidate signals,
    every sparse row the benchmark's requests touch admitted (so pulls return
-   real rows), and an exported WideDeep model (hidden 128-64) activated.
+   real rows), and an exported WideDeep model (hidden 128-64) activated, with
+   the retrieval towers (``retrieval.enabled``, the default; untrained, over
+   admitted rows): the user tower and the catalog's video vectors, so the
+   retrieval run's latency includes the user vector and the search.
 2. Starts ``vidrec serve`` on it in a subprocess: one uvicorn worker.
 3. From this (second) process, sends a fixed number of ``POST /v1/recommend``
    requests with 500 given candidates over keep-alive HTTP/1.1 (a raw-socket
@@ -128,6 +131,7 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
             for table, keys in batch.table_keys.items():
                 res.tables[table].pull(np.unique(keys), train=True)
             res.tables[WIDE_TABLE].pull(np.unique(batch.wide_keys), train=True)
+        extra, artifacts = retrieval_artifacts(res, videos, requests, now)
         version = publish(
             res.registry,
             WideDeep(res.schema),
@@ -137,8 +141,40 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
             metrics={},
             activate=True,
             keep=5,
+            extra=extra,
+            artifacts=artifacts,
         )
     return version
+
+
+def retrieval_artifacts(
+    res: Any, videos: list[Any], requests: list[dict[str, Any]], now: int
+) -> tuple[dict[str, Any], Any]:
+    """The towers' manifest entry and writer (none when ``retrieval.enabled`` is off),
+    after admitting the tower rows the requests' users and the catalog touch."""
+    from app.schemas import RecommendRequest
+    from feature_store.features import FeatureExtractor, FeatureRow
+    from feature_store.features.schema import FeatureSchema
+    from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
+    from trainer.retrieval import RetrievalTrainer
+    from trainer.retrieval_export import writer
+
+    settings = res.settings
+    if not settings.retrieval.enabled:
+        return {}, None
+    towers = Towers.from_settings(res.schema, settings.retrieval)
+    retrieval = RetrievalTrainer(
+        towers, FeatureExtractor(res.schema).layout, res.tables, settings.retrieval
+    )
+    users = []
+    for body in requests:
+        req = RecommendRequest.model_validate(body)
+        history = tuple(res.activity.history(req.user_id))
+        users.append(FeatureRow(req.user_id, "", now, None, req.context, history))
+    retrieval.pull(FeatureExtractor(FeatureSchema(towers.user)).extract(users), train=True)
+    rows = [FeatureRow("", v.video_id, now, v) for v in videos]
+    retrieval.pull(FeatureExtractor(FeatureSchema(towers.video)).extract(rows), train=True)
+    return {MANIFEST_KEY: towers.describe()}, (list(ARTIFACTS), writer(retrieval, videos))
 
 
 class Server:

@@ -4,6 +4,7 @@ Layout under the registry root (a local directory or a shared volume)::
 
     versions/<version>/model.onnx
     versions/<version>/manifest.json
+    versions/<version>/<artifact>  the manifest's ``artifacts`` (e.g. the retrieval towers)
     ACTIVE                      {"version": ..., "previous": [...]} (atomic)
 
 Trainers *publish* versions; operators (or the trainer's auto-promote)
@@ -65,6 +66,8 @@ class Manifest:
     """Prequential metrics at export (AUC, logloss, ...)."""
     opset: int = 17
     extra: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)
+    """Files of the version beside the model (plain names), e.g. the retrieval towers."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -95,11 +98,18 @@ class ModelRegistry:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
         return f"{family}-{stamp}-{int(now * 1000) % 1000:03d}{os.getpid() % 100:02d}"
 
-    def publish(self, write_model: Callable[[Path], None], manifest: Manifest) -> Path:
+    def publish(
+        self,
+        write_model: Callable[[Path], None],
+        manifest: Manifest,
+        write_artifacts: Callable[[Path], None] | None = None,
+    ) -> Path:
         """Create a version: ``write_model(path)`` writes the ONNX file at ``path``.
 
-        Nothing is visible until the model and manifest are complete; if
-        ``write_model`` raises, the partial directory is removed.
+        ``write_artifacts(directory)`` writes the files ``manifest.artifacts``
+        names into the version's directory. Nothing is visible until the model,
+        the artifacts and the manifest are complete; if a writer raises (or an
+        artifact is missing), the partial directory is removed.
         """
         final = self.versions_dir / manifest.version
         if final.exists():
@@ -107,8 +117,11 @@ class ModelRegistry:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.versions_dir))
         try:
             write_model(tmp / MODEL_FILE)
-            with open(tmp / MODEL_FILE, "rb") as fh:
-                os.fsync(fh.fileno())
+            if write_artifacts is not None:
+                write_artifacts(tmp)
+            for name in [MODEL_FILE, *manifest.artifacts]:
+                with open(tmp / _check_artifact(name), "rb") as fh:  # missing: an error
+                    os.fsync(fh.fileno())
             _fsync_write(tmp / MANIFEST_FILE, json.dumps(asdict(manifest), indent=2).encode())
             os.rename(tmp, final)
         except BaseException:
@@ -187,6 +200,12 @@ class ModelRegistry:
             raise NotFound(f"model version {version!r} has no model file")
         return path
 
+    def artifact_path(self, version: str, name: str) -> Path | None:
+        """Path of a version's artifact ``name``, or None when the version has none."""
+        _check_name(version)
+        path = self.versions_dir / version / _check_artifact(name)
+        return path if path.is_file() else None
+
     def active(self) -> str | None:
         """The active version, or None before the first activation."""
         version = self._read_pointer().get("version")
@@ -244,3 +263,10 @@ def family_of(version: str) -> str | None:
 def _check_name(version: str) -> None:
     if not _VERSION_NAME.fullmatch(version):
         raise NotFound(f"{version[:200]!r} is not a model version name")
+
+
+def _check_artifact(name: str) -> str:
+    """An artifact is a plain file name inside the version (never a path)."""
+    if not _VERSION_NAME.fullmatch(name.replace(".", "_")) or name.startswith("."):
+        raise NotFound(f"{name[:200]!r} is not an artifact name")
+    return name

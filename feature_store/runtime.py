@@ -234,10 +234,14 @@ def _has_snapshot(directory: Path) -> bool:
 
 def table_specs(schema: FeatureSchema, settings: Settings) -> list[Any]:
     """Specs of every sparse table the schema needs."""
+    from feature_store.retrieval_io import Towers
     from feature_store.sparse.base import TableSpec
 
     optimizer = settings.sparse.embedding_optimizer
-    specs = [TableSpec(name, dim, optimizer) for name, dim in schema.table_dims().items()]
+    dims = dict(schema.table_dims())
+    if settings.retrieval.enabled:  # the two-tower model's own tables (tt_*)
+        dims.update(Towers.from_settings(schema, settings.retrieval).tables)
+    specs = [TableSpec(name, dim, optimizer) for name, dim in dims.items()]
     return [*specs, TableSpec(WIDE_TABLE, 1, "ftrl")]
 
 

@@ -256,6 +256,14 @@ class ApiSettings(_Section):
     """Neighbours kept per video in the co-visitation lists (strongest first)."""
     creator_videos: int = Field(50, ge=1, le=10_000)
     """Newest uploads kept per creator for the creator candidate source."""
+    retrieval_weight: float = Field(0.5, ge=0, le=100)
+    """Weight of the two-tower affinity (cosine, -1..1) in the ranking score, in
+    log-probability units per unit of cosine; 0 ranks by the model alone. Chosen on
+    validation queries of ml-100k, not the test split (``docs/retrieval.md``)."""
+    covisit_weight: float = Field(1.0, ge=0, le=100)
+    """Weight of ``log1p(co-visitation count)`` in the ranking score, in log-probability
+    units; the co-watch evidence the model's features do not carry directly. Chosen with
+    ``retrieval_weight``."""
     signal_feed: bool = True
     """Run the signal feed (a consumer group updating trending and co-visitation) in
     the service process. Turn off only where another process records the signals."""
@@ -267,6 +275,47 @@ class ApiSettings(_Section):
         if self.batch_buckets[-1] < self.max_candidates:
             raise ConfigurationError("api.batch_buckets: the largest must cover max_candidates")
         return self
+
+
+class RetrievalSettings(_Section):
+    """The two-tower candidate source (``trainer/retrieval.py``, ``app/scoring/retrieval.py``).
+
+    The trainer learns a user tower and a video tower beside the ranker, from the
+    same stream; each export writes the user tower (ONNX) and every catalog
+    video's vector into the version; the service proposes the user vector's
+    nearest videos (source ``embedding``) and adds their affinity to the score.
+    """
+
+    enabled: bool = True
+    """Train, export and serve the towers. Off: no ``tt_*`` tables, no ``embedding``
+    source, and versions carry no towers (the service serves them either way)."""
+    user_columns: tuple[str, ...] = ("user", "history", "device", "country", "surface")
+    """Embedded feature columns (of the ranker's schema) the user tower pools: request
+    and user scope only, so one vector per request."""
+    video_columns: tuple[str, ...] = ("video", "creator", "category", "tags", "duration")
+    """Embedded feature columns the video tower pools: video scope only, so a video's
+    vector can be computed once per export from the catalog."""
+    table_dim: int = Field(16, ge=2, le=256)
+    """Width (floats) of every ``tt_*`` sparse table row; the towers' own tables, so
+    the ranker's rows are not pulled in two directions."""
+    hidden: int = Field(64, ge=1, le=4096)
+    """Width of each tower's hidden layer (units)."""
+    dim: int = Field(32, ge=2, le=1024)
+    """Width of the L2-normalised user and video vectors (floats); the index's dimension."""
+    temperature: float = Field(0.05, gt=0, le=10)
+    """Softmax temperature of the in-batch loss (cosine units): 0.05 lets a cosine gap
+    of 0.1 weigh like a factor e^2; larger values learn flatter, less selective vectors."""
+    learning_rate: float = Field(2e-3, gt=0)
+    """Adam step size of the towers' dense layers (the ``tt_*`` rows use the sparse
+    optimizer of ``sparse.embedding_optimizer``)."""
+    batch_size: int = Field(256, ge=2, le=65_536)
+    """Positives per step; the other positives of a step are each one's negatives."""
+    frequency_buckets: int = Field(1 << 20, ge=1024, le=1 << 26)
+    """Hash buckets of the streaming video-frequency estimate (8 bytes each) used by
+    the logQ correction; collisions only overestimate a video's frequency."""
+    frequency_alpha: float = Field(0.05, gt=0, le=1)
+    """Learning rate of the streaming estimate of the steps between a video's
+    occurrences (Yi et al. 2019): higher follows popularity changes faster, noisier."""
 
 
 class DashboardSettings(_Section):
@@ -490,6 +539,7 @@ class Settings(BaseSettings):
     stores: StoreSettings = StoreSettings()
     features: FeatureSettings = FeatureSettings()
     trainer: TrainerSettings = TrainerSettings()
+    retrieval: RetrievalSettings = RetrievalSettings()
     api: ApiSettings = ApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
     experiments: ExperimentSettings = ExperimentSettings()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,12 +139,16 @@ def publish(
     keep: int,
     exporter: Exporter = "torchscript",
     extra: dict[str, Any] | None = None,
+    artifacts: tuple[list[str], Callable[[Path], None]] | None = None,
 ) -> str:
     """Export ``model`` as a new version; activate and prune as asked; returns its name.
 
     ``activate="own_family"`` (the trainer's automatic activation) activates only
     while the active version is of ``family`` (or none is): a family an operator
     promoted instead keeps serving, and its own trainer's exports follow it.
+
+    ``artifacts``: more files for the version (their names, and a writer into the
+    version's directory), e.g. the retrieval towers (:mod:`trainer.retrieval_export`).
 
     The version appears whole or not at all (the registry builds it in a
     hidden directory); pruning never removes the active version.
@@ -162,8 +167,13 @@ def publish(
         metrics={k: float(v) for k, v in metrics.items() if v == v},  # drop NaN
         opset=OPSET if exporter == "torchscript" else 18,
         extra={"exporter": exporter, "hidden": _hidden(model), **(extra or {})},
+        artifacts=list(artifacts[0]) if artifacts is not None else [],
     )
-    registry.publish(lambda path: export_onnx(model, schema, path, exporter), manifest)
+    registry.publish(
+        lambda path: export_onnx(model, schema, path, exporter),
+        manifest,
+        artifacts[1] if artifacts is not None else None,
+    )
     if activate:
         registry.activate(version, within_family=family if activate == "own_family" else None)
     registry.prune(keep)

@@ -59,6 +59,7 @@ from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event, EventType
 from feature_store.features.values import FeatureValues
+from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries
 from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, SHOWN_FILE, STATE_FILE, Checkpointer
@@ -69,6 +70,8 @@ from trainer.fetch import IDLE, Fetcher
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
+from trainer.retrieval import RetrievalTrainer
+from trainer.retrieval_export import writer as retrieval_writer
 from trainer.samples import Lookup, featurise, labelled_rows
 from trainer.served import ServedJoin
 from trainer.step import Trainer
@@ -113,6 +116,17 @@ class OnlineTrainer:
             io_threads=cfg.io_threads if self.durable_sparse else 1,
             overlap_push=cfg.overlap_push and self.durable_sparse and self.group is None,
         )
+        self.retrieval = (
+            RetrievalTrainer(
+                Towers.from_settings(self.schema, settings.retrieval),
+                self.trainer.extractor.layout,
+                resources.tables,
+                settings.retrieval,
+            )
+            if settings.retrieval.enabled
+            else None
+        )
+        """The two-tower model trained beside the ranker (:mod:`trainer.retrieval`)."""
         policy = LabelPolicy(cfg, settings.features.positive_watch_ratio)
         self.joiner = Joiner(policy, cfg.join_window_ms, cfg.joiner_max_entries)
         self.dedupe = DedupeWindow(cfg.dedupe_window)
@@ -277,6 +291,7 @@ class OnlineTrainer:
         if events:
             self._retry(lambda: self.resources.activity.record(events, lookup.durations))
         self._retry(self.trainer.settle)  # the pushes land before the journal line
+        self._train_retrieval()
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
                 self.positions[r.partition] = r.offset + 1
@@ -298,6 +313,15 @@ class OnlineTrainer:
             keys,
             time.perf_counter() - started,
         )
+
+    def _train_retrieval(self) -> None:
+        """The towers' steps over the buffered positives (after the ranker's pushes
+        settled: the tower tables are pulled and pushed synchronously, never beside them)."""
+        if self.retrieval is None:
+            return
+        with self._lock:
+            while self.retrieval.step():
+                pass
 
     def _train_idle(self) -> None:
         """Train the impressions that timed out by wall clock while the stream was idle."""
@@ -362,6 +386,8 @@ class OnlineTrainer:
         self._dirty = True
         rows = labelled_rows(samples, self.trainer.extractor.layout)
         batch = rows.values.to_batch()
+        if self.retrieval is not None:
+            self.retrieval.add(samples)
 
         def attempt() -> int:
             with self._lock:
@@ -471,6 +497,14 @@ class OnlineTrainer:
 
     def export(self, activate: bool | Literal["own_family"]) -> str:
         """Publish the current dense network as a registry version."""
+        artifacts = None
+        extra = {}
+        if self.retrieval is not None:
+            artifacts = (
+                list(ARTIFACTS),
+                retrieval_writer(self.retrieval, self.resources.catalog.iter_all()),
+            )
+            extra[MANIFEST_KEY] = self.retrieval.towers.describe()
         with self._lock:
             version = publish(
                 self.resources.registry,
@@ -487,6 +521,8 @@ class OnlineTrainer:
                 metrics=self.metrics.window(),
                 activate=activate,
                 keep=self.cfg.registry_keep,
+                extra=extra,
+                artifacts=artifacts,
             )
         self.last_version = version
         self._last_export = time.monotonic()
@@ -511,6 +547,8 @@ class OnlineTrainer:
             np.save(directory / DEDUPE_FILE, self.dedupe.to_array())
             joiner, shown = self.joiner.state()
             np.save(directory / SHOWN_FILE, shown)
+            if self.retrieval is not None:
+                self.retrieval.save(directory)
             if not self.durable_sparse:
                 for name, table in self.resources.tables.items():
                     table.snapshot(directory / "sparse" / name)
@@ -567,6 +605,8 @@ class OnlineTrainer:
             self.model.load_state_dict(dense["model"])
             self.trainer.optimizer.load_state_dict(dense["optimizer"])
             self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
+            if self.retrieval is not None:
+                self.retrieval.restore(directory)
             if not self.durable_sparse:
                 for name, table in self.resources.tables.items():
                     if (directory / "sparse" / name).is_dir():
@@ -629,6 +669,7 @@ class OnlineTrainer:
             "metrics": self.last_point,
             "group": None if self.group is None else self.group.status(),
             "served": None if self.served is None else self.served.status(),
+            "retrieval": None if self.retrieval is None else self.retrieval.status(),
         }
 
 

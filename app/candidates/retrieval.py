@@ -1,6 +1,7 @@
 """The union of candidate sources: deduplicated, filtered and capped before scoring.
 
-Sources are interleaved round-robin (covisit, creators, trending, fresh), so
+Sources are interleaved round-robin (embedding, covisit, creators, trending,
+fresh), so
 the cap takes the best of each rather than all of the first; a video found
 by several sources keeps the first source's name. A recommend request
 filters its candidates in the scorer's per-video rows
@@ -63,19 +64,36 @@ class Retriever:
         self.videos = videos or catalog.get_many
         """Bulk catalog read used to filter (the service passes its cached reader)."""
 
+    def covisits(self, history: Sequence[HistoryEntry]) -> list[tuple[str, float]]:
+        """Videos co-watched with the user's recent watches and their counts, strongest
+        first (the covisit source, and a term of the ranking score)."""
+        window = self.settings.covisit_window
+        return sources.covisited(self.signals, history, window, self.settings.source_limit)
+
     def retrieve(
-        self, history: Sequence[HistoryEntry], now_ms: int, personal: bool = True
+        self,
+        history: Sequence[HistoryEntry],
+        now_ms: int,
+        personal: bool = True,
+        embedding: Sequence[str] = (),
+        covisits: Sequence[tuple[str, float]] | None = None,
     ) -> list[tuple[str, str]]:
         """``(video_id, source)`` pairs, deduplicated, in interleaved source order.
 
         ``personal=False`` (unknown users, fallbacks) uses trending and fresh only.
+        ``embedding``: the user vector's nearest videos (the caller searched them with
+        the request's model version), leading the interleave. ``covisits``: what
+        :meth:`covisits` returned, when the caller already asked.
         """
         limit = self.settings.source_limit
         since = now_ms - int(self.settings.fresh_window_s * 1000)
         named: list[tuple[str, list[str]]] = []
         if personal and history:
-            window = self.settings.covisit_window
-            named.append((sources.COVISIT, sources.covisited(self.signals, history, window, limit)))
+            if embedding:
+                named.append((sources.EMBEDDING, list(embedding[:limit])))
+            if covisits is None:
+                covisits = self.covisits(history)
+            named.append((sources.COVISIT, [video for video, _ in covisits]))
             named.append(
                 (sources.CREATORS, sources.creators(self.signals, self.catalog, history, limit))
             )

@@ -15,6 +15,8 @@ from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import CatalogStore
 from feature_store.signals.base import CandidateSignals
 
+EMBEDDING = "embedding"
+"""Nearest videos to the user's two-tower vector (``app/scoring/retrieval.py``)."""
 TRENDING = "trending"
 """Real-time trending: decayed engagement counts from the event stream."""
 FRESH = "fresh"
@@ -41,9 +43,10 @@ def fresh(catalog: CatalogStore, limit: int, since_ms: int) -> list[str]:
 
 def covisited(
     signals: CandidateSignals, history: Sequence[HistoryEntry], window: int, limit: int
-) -> list[str]:
+) -> list[tuple[str, float]]:
+    """Videos co-watched with the ``window`` most recent watches, with their counts."""
     recent = [entry.video_id for entry in history[:window]]
-    return [video for video, _ in signals.covisited(recent, limit)] if recent else []
+    return signals.covisited(recent, limit) if recent else []
 
 
 def creators(

@@ -128,8 +128,9 @@ def _ranking(result: EvalResult) -> str:
                 "--protocol loo, which ranks given candidates.")
     return (
         f"Ranking: {result.queries} held-back positives asked of the service; the item was "
-        f"among its candidates in {100 * result.service_candidate_recall:.0f}% of them"
-        f"{fallbacks}."
+        f"among its candidates in {100 * result.service_candidate_recall:.0f}% of them "
+        f"(the pool's coverage){fallbacks}. The row \"candidate pool, sources' order\" ranks "
+        "that pool in its sources' interleave order, before the model scored it."
     )
 
 

@@ -157,6 +157,10 @@ class _Rows:
         )
 
 
+POOL_ROW = "candidate pool, sources' order"
+"""The row of the service's candidates ranked in their sources' interleave order."""
+
+
 def _auc(scores: Floats, labels: Floats) -> float:
     """AUC over the rows that have a score (NaN: none, or one class only)."""
     scored = ~np.isnan(scores)
@@ -237,14 +241,16 @@ def assemble(
     ):
         scores, ranks = _popularity(name, model, weighted, queries, k)
         models.append(rows.figures(name, scores, ranks, k))
+    nothing = np.full(len(weighted.event_ids), np.nan)
     if cfg.protocol == "loo":
-        nothing = np.full(len(weighted.event_ids), np.nan)
         models.append(rows.figures("co-occurrence", nothing, _co_occurrence(weighted, queries),
                                    k))
     off = rows.figures(f"offline Wide&Deep (epoch {offline.best_epoch})",
                        _offline_scores(weighted, offline), None, k)
     off.auc_all = off.logloss_all = off.auc_fit = math.nan  # scored on the last 20% only
     models.append(off)
+    if queries:  # what the model's ranking adds over its own candidates' source order
+        models.append(rows.figures(POOL_ROW, nothing, [q.pool_rank for q in queries], k))
     fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
     test_user_rows = [weighted.user_ids[i] for i in test_idx.tolist()]
     test_users = set(test_user_rows)

@@ -162,6 +162,9 @@ class Query:
     candidates: tuple[str, ...] = ()
     """Leave-one-out: the videos to rank (the held-out one among them); empty: retrieval."""
     rank: int | None = None
+    pool_rank: int | None = None
+    """The item's rank in the service's candidate pool in its sources' interleave order
+    (before the model ranked it; None: not in the pool, or no model-ranked answer)."""
     fallback: str | None = None
 
 
@@ -292,8 +295,14 @@ class _Online:
                 user_id=query.user, count=self.resources.settings.api.max_candidates,
                 context=context,
             )
-        response = service.recommender.recommend(request)
+        pool: list[str] = []
+        service.recommender.pool_observer = lambda user, ids, sources: pool.extend(ids)
+        try:
+            response = service.recommender.recommend(request)
+        finally:
+            service.recommender.pool_observer = None
         query.rank = rank_of(query.video, [item.video_id for item in response.items])
+        query.pool_rank = rank_of(query.video, pool)
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
         query.before = self.weighted
         query.fallback = response.fallback_reason

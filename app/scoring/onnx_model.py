@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from app.scoring.retrieval import RetrievalLoadError, RetrievalModel, load_retrieval
 from feature_store import model_io
 from feature_store.errors import ConfigurationError, NotFound, VidrecError
 from feature_store.features.extract import BatchFeatures
@@ -72,6 +73,9 @@ class LoadedModel:
 
     Held by the model so that a swap to another family replaces the model and
     the tables it reads in one assignment: a request never mixes them."""
+    retrieval: RetrievalModel | None = None
+    """The version's two-tower model (None: the version has none, or towers are off):
+    swapped with the ranker, so a request's user vector and video vectors match."""
 
     def bucket(self, batch: int) -> int:
         """The warmed batch size a batch of ``batch`` rows is padded to."""
@@ -172,11 +176,15 @@ def load_model(
     settings: ApiSettings,
     warm: Callable[[LoadedModel, int], None],
     pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
+    retrieval: bool = True,
 ) -> LoadedModel:
     """Open ``version`` and warm every bucket with ``warm(model, batch_size)``.
 
     ``family`` is the family whose tables ``pull`` reads (the scorer's own
     tables when ``pull`` is None); a version of another family is refused.
+    With ``retrieval``, the version's towers are loaded too; towers that fail
+    to load are logged and the version serves without them (the ranker is
+    what the version is for).
     """
     started = time.perf_counter()
     try:
@@ -222,6 +230,11 @@ def load_model(
     except Exception as exc:
         raise ModelLoadError(f"version {version}: warm-up failed: {exc}") from exc
     loaded.warmup_seconds = time.perf_counter() - warm_started
+    if retrieval:
+        try:
+            loaded.retrieval = load_retrieval(registry, manifest, schema, session_options(settings))
+        except RetrievalLoadError as exc:
+            log.error("serving %s without its towers: %s", version, exc)
     return loaded
 
 

@@ -74,6 +74,12 @@ class Scorer:
     ) -> BatchFeatures:
         return self.extractor.extract_request(user_id, ts_ms, context, history, videos, stats)
 
+    def row_reader(
+        self, model: LoadedModel | None = None
+    ) -> Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]]:
+        """The row reader of ``model``'s family's tables (else this scorer's tables)."""
+        return model.pull if model is not None and model.pull is not None else self._pull
+
     def pull(
         self, batch: BatchFeatures, model: LoadedModel | None = None
     ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
@@ -82,7 +88,7 @@ class Scorer:
         Read from ``model``'s family's tables when it names them, else from
         this scorer's tables.
         """
-        pull = model.pull if model is not None and model.pull is not None else self._pull
+        pull = self.row_reader(model)
         rows = {table: pull(table, keys) for table, keys in batch.table_keys.items()}
         wide = pull(WIDE_TABLE, batch.wide_keys)
         return rows, wide

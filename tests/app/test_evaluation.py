@@ -19,6 +19,7 @@ from app.evaluation.baselines import Popularity, prequential
 from app.evaluation.metrics import recall_ndcg, windows
 from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
+from app.evaluation.results import POOL_ROW
 from app.evaluation.stream import load_stream, split_samples
 from feature_store.component import ScoredSamples
 from feature_store.errors import ConfigurationError, InvalidInput
@@ -67,7 +68,8 @@ def test_all_models_are_scored_on_the_same_last_20_percent(result) -> None:  # t
     names = [m.name for m in result.models]
     assert names[0] == "online Wide&Deep" and names[1] == "popularity"
     assert names[2].startswith("recent popularity") and names[3].startswith("offline Wide&Deep")
-    for model in result.models:
+    assert names[4:] == [POOL_ROW]  # ranks only: no scores
+    for model in result.models[:4]:
         assert 0.0 <= model.auc_test <= 1.0
         assert np.isfinite(model.logloss_test)
         assert len(model.window_auc) == 5
@@ -91,6 +93,12 @@ def test_service_is_asked_at_held_back_positives(result) -> None:  # type: ignor
     assert 0.0 <= online.ndcg <= online.recall <= 1.0
     for baseline in result.models[1:3]:
         assert 0.0 <= baseline.recall <= 1.0
+
+
+def test_pool_row_ranks_the_service_candidates_in_source_order(result) -> None:  # type: ignore[no-untyped-def]
+    pool = result.model(POOL_ROW)
+    assert 0.0 <= pool.ndcg <= pool.recall <= result.service_candidate_recall
+    assert np.isnan(pool.auc_test)
 
 
 def test_cli_prints_table_writes_plot_and_doc_section(movielens, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
