@@ -188,7 +188,8 @@ class Recommender:
             scores = 1.0 / (1.0 + np.arange(len(ids), dtype=np.float32))
             return self._respond(ids, sources, scores, count, None, "no_model", zero=True)[0]
         scores, features = self.scorer.score_rows(
-            model, request.user_id, now_ms, request.context, history, rows
+            model, request.user_id, now_ms, request.context, history, rows,
+            assigned.fusion if assigned is not None else None,
         )
         response, order = self._respond(
             ids, sources, scores, count, model.version, reason, arm=assigned

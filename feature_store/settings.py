@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.errors import ConfigurationError
-from feature_store.experiments import ExperimentSpec
+from feature_store.experiments import ExperimentSpec, RankingWeights, check_ranking_weights
 
 
 class _Section(BaseModel):
@@ -259,9 +259,21 @@ class ApiSettings(_Section):
     signal_feed: bool = True
     """Run the signal feed (a consumer group updating trending and co-visitation) in
     the service process. Turn off only where another process records the signals."""
+    ranking_weights: RankingWeights = Field(
+        default_factory=lambda: {"engagement": 1.0, "watch": 0.5, "negative": -1.0}
+    )
+    """Weight of each ranking head in the served score (dimensionless exponents, see
+    ``app/scoring/fusion.py``): ``log score = sum |w| log p`` (``log(1 - p)`` for a
+    negative weight), so the score stays in (0, 1] and ``{"engagement": 1}`` alone is
+    the engagement probability. A model from before heads is scored by engagement alone.
+    JSON in the environment: ``VIDREC_API__RANKING_WEIGHTS='{"engagement": 1}'``."""
 
     @model_validator(mode="after")
     def _check_buckets(self) -> ApiSettings:
+        try:
+            check_ranking_weights(self.ranking_weights)
+        except ValueError as exc:
+            raise ConfigurationError(f"api.ranking_weights: {exc}") from exc
         if not self.batch_buckets or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
             raise ConfigurationError("api.batch_buckets: must be increasing and non-empty")
         if self.batch_buckets[-1] < self.max_candidates:
