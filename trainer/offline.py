@@ -94,6 +94,9 @@ class OnlineReplay:
     def export(self) -> str:
         return self.loop.export(activate=True)
 
+    def heads(self) -> dict[str, float]:
+        return self.loop.metrics.head_window()
+
     def close(self) -> None:
         self.consumer.close()
         self.loop.trainer.close()
