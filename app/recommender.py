@@ -242,7 +242,8 @@ class Recommender:
         if self.pool_observer is not None:
             self.pool_observer(request.user_id, ids, sources)
         scores, features = self.scorer.score_rows(
-            model, request.user_id, now_ms, request.context, history, rows
+            model, request.user_id, now_ms, request.context, history, rows,
+            assigned.fusion if assigned is not None else None,
         )
         counts = dict(covisits)
         ranking = fuse(

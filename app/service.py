@@ -22,6 +22,7 @@ from app.experiments.checkpoints import FeedCheckpoints, open_checkpoints
 from app.experiments.feed import ExperimentFeed, run_experiment_feed
 from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
+from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder, ModelLoadError, load_model
 from app.scoring.scorer import Scorer
 from app.scoring.video_table import video_source
@@ -105,7 +106,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         forgotten=reads.forgotten,
     )
     scorer = Scorer(
-        resources.schema, resources.tables, metrics.observe_stage, reads.pull, videos=videos
+        resources.schema, resources.tables, metrics.observe_stage, reads.pull, videos=videos,
+        fusion=Fusion.of(api.ranking_weights),
     )
     known = families(resources)
 

@@ -128,6 +128,12 @@ class ReplayHandle(Protocol):
         """Export and activate the current network; returns the version."""
         ...
 
+    def heads(self) -> dict[str, float]:
+        """The other ranking heads' prequential figures over the trainer's window, with
+        their popularity baselines (``negative_auc``, ``watch_spearman``...: see
+        ``trainer/metrics.py``)."""
+        ...
+
     def close(self) -> None: ...
 
 

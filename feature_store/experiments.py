@@ -39,10 +39,18 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import xxhash
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from feature_store.atomic import atomic_text
 from feature_store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
@@ -56,6 +64,18 @@ FAMILY = r"^[A-Za-z0-9_-]{1,32}$"
 """A model family: the pattern of ``sparse.model_name``."""
 _SPACE = 2**64
 
+Head = Literal["engagement", "watch", "negative"]
+"""A ranking head of the model (``feature_store.model_io.HEADS``)."""
+RankingWeights = dict[Head, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]]
+"""Weight of each ranking head in the served score (``app/scoring/fusion.py``): a head
+absent weighs 0; a negative weight rewards a *low* probability of that head."""
+
+
+def check_ranking_weights(weights: dict[str, float]) -> None:
+    """ValueError unless some head has a non-zero weight (all zero would rank nothing)."""
+    if not any(w != 0 for w in weights.values()):
+        raise ValueError("at least one head needs a non-zero weight")
+
 
 class Arm(BaseModel):
     """One arm: a share of users and the model family they are served by."""
@@ -67,6 +87,25 @@ class Arm(BaseModel):
     """Model family served to this arm (``main``, a retrain ``r2026...``)."""
     weight: float = Field(1.0, gt=0, le=1000)
     """Relative share of users (two arms of weight 1: half each)."""
+    fusion: RankingWeights | None = None
+    """Weights over the ranking heads for this arm's users (None: ``api.ranking_weights``):
+    an arm may differ from another by its model family, its weights, or both."""
+
+    @field_validator("fusion")
+    @classmethod
+    def _some_weight(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            check_ranking_weights(value)
+        return value
+
+    @model_serializer(mode="wrap")
+    def _without_default_fusion(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """No ``fusion`` key when unset: a book written here stays readable by a server
+        from before the field (its ``extra="forbid"`` would refuse the key)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("fusion") is None:
+            data.pop("fusion", None)
+        return data
 
 
 class ExperimentSpec(BaseModel):

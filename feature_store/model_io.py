@@ -14,8 +14,20 @@ Inputs (B = rows in the batch, N_t = unique keys pulled from table t):
 - ``wide_weights``: float32 ``(N_w, 1)``; ``wide_idx``: int64 ``(B, W)``;
 - ``dense``: float32 ``(B, n_dense)``.
 
-Output: ``score``, float32 ``(B,)``, the predicted probability of a positive
-outcome (see the trainer's label policy).
+Outputs, float32 ``(B,)`` each, one per ranking head (:data:`HEADS`, see the
+trainer's label policy in ``trainer/labels.py`` and ``docs/training.md``):
+
+- ``score``: the ``engagement`` head, the predicted probability of a positive
+  outcome (finish, like, share, a play past ``positive_watch_ratio``). It
+  keeps the name a single-output model gave its only output, so a version
+  with heads still serves on a server that predates them, and a server
+  reads a single-output version as engagement alone;
+- ``watch``: the predicted quantile, in [0, 1], of the watch ratio within
+  the video's duration bucket, given a play;
+- ``negative``: the predicted probability of an explicit negative (skip,
+  dislike).
+
+The served score fuses them (``app/scoring/fusion.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +42,13 @@ WIDE_WEIGHTS = "wide_weights"
 WIDE_INDICES = "wide_idx"
 DENSE = "dense"
 SCORE = "score"
+
+HEADS = ("engagement", "watch", "negative")
+"""Ranking heads, in the order of the model's outputs (and of its last layer's rows)."""
+HEAD_OUTPUTS = {"engagement": SCORE, "watch": "watch", "negative": "negative"}
+"""ONNX output name of each head (engagement keeps the single-output model's name)."""
+OUTPUT_NAMES = [HEAD_OUTPUTS[h] for h in HEADS]
+"""Every output of a model with heads, in order."""
 
 
 def embedding_input(table: str) -> str:

@@ -19,17 +19,41 @@ def roc_auc(scores: Floats, labels: Floats) -> float:
     n_neg = len(labels) - n_pos
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    order = np.argsort(scores, kind="mergesort")
-    sorted_scores = scores[order]
-    ranks = np.empty(len(scores), dtype=np.float64)
-    # Average rank within groups of equal scores.
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
-    starts = np.concatenate([[0], boundaries])
-    ends = np.concatenate([boundaries, [len(scores)]])
-    avg = (starts + ends + 1) / 2.0  # 1-based average rank of each group
-    ranks[order] = np.repeat(avg, ends - starts)
+    ranks = _ranks(scores)
     u = ranks[positives].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
+
+
+def _ranks(values: Floats) -> Floats:
+    """1-based ranks, ties given their average rank."""
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    ranks = np.empty(len(values), dtype=np.float64)
+    boundaries = np.flatnonzero(np.diff(sorted_values)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(values)]])
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ranks
+
+
+def spearman(scores: Floats, targets: Floats) -> float:
+    """Spearman rank correlation (ties averaged); NaN under 3 pairs or a constant side.
+
+    The watch head's figure: its target is a quantile, so what matters is
+    whether the head orders plays as their watch quantiles do, not its scale.
+    """
+    if len(scores) < 3:
+        return float("nan")
+    a, b = _ranks(scores), _ranks(targets)
+    a -= a.mean()
+    b -= b.mean()
+    denominator = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def mean_abs_error(scores: Floats, targets: Floats) -> float:
+    """Mean absolute error; NaN for no pairs."""
+    return float(np.abs(scores - targets).mean()) if len(scores) else float("nan")
 
 
 def log_loss(scores: Floats, labels: Floats, weights: Floats | None = None) -> float:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.errors import ConfigurationError
-from feature_store.experiments import ExperimentSpec
+from feature_store.experiments import ExperimentSpec, RankingWeights, check_ranking_weights
 
 
 class _Section(BaseModel):
@@ -267,9 +267,21 @@ class ApiSettings(_Section):
     signal_feed: bool = True
     """Run the signal feed (a consumer group updating trending and co-visitation) in
     the service process. Turn off only where another process records the signals."""
+    ranking_weights: RankingWeights = Field(
+        default_factory=lambda: {"engagement": 1.0, "watch": 0.5, "negative": -1.0}
+    )
+    """Weight of each ranking head in the served score (dimensionless exponents, see
+    ``app/scoring/fusion.py``): ``log score = sum |w| log p`` (``log(1 - p)`` for a
+    negative weight), so the score stays in (0, 1] and ``{"engagement": 1}`` alone is
+    the engagement probability. A model from before heads is scored by engagement alone.
+    JSON in the environment: ``VIDREC_API__RANKING_WEIGHTS='{"engagement": 1}'``."""
 
     @model_validator(mode="after")
     def _check_buckets(self) -> ApiSettings:
+        try:
+            check_ranking_weights(self.ranking_weights)
+        except ValueError as exc:
+            raise ConfigurationError(f"api.ranking_weights: {exc}") from exc
         if not self.batch_buckets or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
             raise ConfigurationError("api.batch_buckets: must be increasing and non-empty")
         if self.batch_buckets[-1] < self.max_candidates:
@@ -419,7 +431,37 @@ class TrainerSettings(_Section):
     joiner_max_entries: int = Field(200_000, ge=1)
     """Pending impressions kept; beyond it the oldest resolve early as negatives."""
     sample_weights: dict[str, float] = Field(default_factory=dict)
-    """Per event type (``like``, ``skip``, ``impression``...) loss weight; 1 if absent."""
+    """Per event type (``like``, ``skip``, ``impression``...) loss weight; 1 if absent.
+    Applies to every head's loss term of the sample."""
+    # --- ranking heads (trainer/labels.py, docs/training.md "Heads") ---
+    head_loss_weights: dict[Literal["engagement", "watch", "negative"], float] = Field(
+        default_factory=lambda: {"engagement": 1.0, "watch": 1.0, "negative": 1.0}
+    )
+    """Multiplier of each head's summed loss (dimensionless; a head absent: 1). 0 stops a
+    head learning (its output stays served); the engagement head is the one the wide part
+    and the prequential ``auc`` follow, so it is the one to keep."""
+    watch_duration_buckets_s: tuple[float, ...] = (15, 30, 60, 120, 300, 600, 1200)
+    """Upper edges (seconds, increasing) of the duration buckets within which a play's
+    watch ratio is ranked for the ``watch`` head's target; one more bucket above the last.
+    Buckets, because a 10 s clip watched whole and a 40 min film watched half are not
+    comparable: the quantile within videos of similar length is."""
+    watch_quantile_memory: int = Field(100_000, ge=100)
+    """Plays a duration bucket's watch-ratio histogram holds before its counts are halved:
+    bounds the state and makes old plays weigh less, so the target follows drift
+    (half-life of about this many plays of the bucket)."""
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> TrainerSettings:
+        edges = self.watch_duration_buckets_s
+        if any(b <= a for a, b in zip(edges, edges[1:], strict=False)) or any(
+            e <= 0 for e in edges
+        ):
+            raise ConfigurationError(
+                "trainer.watch_duration_buckets_s: edges must be positive and increasing"
+            )
+        if any(w < 0 or w != w for w in self.head_loss_weights.values()):
+            raise ConfigurationError("trainer.head_loss_weights: weights must be >= 0")
+        return self
     # --- exactly-once bookkeeping ---
     dedupe_window: int = Field(500_000, ge=0)
     """Most recent event ids remembered; a repeat within them is not trained twice."""

@@ -1,11 +1,13 @@
 """Export the dense network to ONNX and publish it as a registry version.
 
 The exported graph is the same :class:`~trainer.model.WideDeep` module the
-trainer steps, traced with the input and output names of
-:mod:`feature_store.model_io`; the batch size ``B`` and every table's
-``N_t`` are dynamic axes, so one file serves any batch. The sparse rows are
-*inputs*, not weights: the server pulls them from the same tables at
-request time, so a version stays current as embeddings keep training.
+trainer steps (wrapped in :class:`~trainer.model.Heads`: one output per
+ranking head, named by :data:`feature_store.model_io.HEAD_OUTPUTS`), traced
+with the input and output names of :mod:`feature_store.model_io`; the
+batch size ``B`` and every table's ``N_t`` are dynamic axes, so one file
+serves any batch. The sparse rows are *inputs*, not weights: the server
+pulls them from the same tables at request time, so a version stays
+current as embeddings keep training.
 
 Exporters: ``torchscript`` (torch's legacy tracer, ~0.2 s for this model,
 deprecated by torch but present in 2.13) is the default because the export
@@ -31,7 +33,7 @@ from feature_store import model_io
 from feature_store.features.columns import MultiValued
 from feature_store.features.schema import FeatureSchema
 from feature_store.registry import Manifest, ModelRegistry
-from trainer.model import WideDeep
+from trainer.model import Heads, WideDeep
 
 Exporter = Literal["torchscript", "dynamo"]
 OPSET = 17
@@ -70,26 +72,27 @@ def export_onnx(
     model: WideDeep, schema: FeatureSchema, path: Path, exporter: Exporter = "torchscript"
 ) -> None:
     """Write ``model`` as an ONNX file at ``path`` (inputs per ``model_io``)."""
-    model = copy.deepcopy(model).eval()  # never disturb the training copy
+    module = Heads(copy.deepcopy(model).eval())  # never disturb the training copy
     names = model_io.input_names(schema)
     example = example_inputs(schema, 4, np.random.default_rng(0), rows_per_table=6, wide_rows=9)
     tables = list(schema.table_dims())
     if exporter == "dynamo":
-        _export_dynamo(model, schema, tables, example, names, path)
+        _export_dynamo(module, schema, tables, example, names, path)
         return
     axes: dict[str, dict[int, str]] = {name: {0: "B"} for name in names}
     for table in tables:
         axes[model_io.embedding_input(table)] = {0: f"N_{table}"}
     axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
-    axes[model_io.SCORE] = {0: "B"}
+    for output in model_io.OUTPUT_NAMES:
+        axes[output] = {0: "B"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(
-            model,
+            module,
             tuple(example),
             str(path),
             input_names=names,
-            output_names=[model_io.SCORE],
+            output_names=model_io.OUTPUT_NAMES,
             dynamic_axes=axes,
             opset_version=OPSET,
             dynamo=False,
@@ -97,7 +100,7 @@ def export_onnx(
 
 
 def _export_dynamo(
-    model: WideDeep,
+    model: Heads,
     schema: FeatureSchema,
     tables: list[str],
     example: list[Tensor],
@@ -116,7 +119,7 @@ def _export_dynamo(
             model,
             tuple(example),
             input_names=names,
-            output_names=[model_io.SCORE],
+            output_names=model_io.OUTPUT_NAMES,
             dynamic_shapes=(tuple(shapes),),
             opset_version=18,
             dynamo=True,
@@ -166,7 +169,12 @@ def publish(
         training_position=training_position,
         metrics={k: float(v) for k, v in metrics.items() if v == v},  # drop NaN
         opset=OPSET if exporter == "torchscript" else 18,
-        extra={"exporter": exporter, "hidden": _hidden(model), **(extra or {})},
+        extra={
+            "exporter": exporter,
+            "hidden": _hidden(model),
+            "heads": list(model_io.HEADS),
+            **(extra or {}),
+        },
         artifacts=list(artifacts[0]) if artifacts is not None else [],
     )
     registry.publish(

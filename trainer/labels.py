@@ -25,6 +25,29 @@ Each labelled event is one sample, so a play to the end followed by a like
 gives two positives: stronger engagement weighs more. ``sample_weights``
 maps an event type to a loss weight (default 1 for every type).
 
+**Heads.** The table above is the ``engagement`` head's label
+(:attr:`Sample.label`). A sample carries one label per ranking head, NaN
+where its event says nothing about that head (the head's loss ignores it):
+
+==============  ============  ======================  ===========
+event           engagement    watch                   negative
+==============  ============  ======================  ===========
+finish, like,   1             --                      0
+share
+play            as above;     quantile of its watch   0
+                ambiguous:    ratio in its duration
+                --            bucket (needs a
+                              duration)
+skip, dislike   0             --                      1
+impression      0             --                      0
+(timed out)
+==============  ============  ======================  ===========
+
+An ambiguous play (between the two ratios) is a sample for the watch head
+only; every other sample is what it was before heads. The watch target is
+described in :mod:`trainer.watch`; it is computed in log order once the
+batch's moments are known, so a retried batch does not count a play twice.
+
 The joiner is an online join keyed by (user, video), bounded to
 ``joiner_max_entries`` pending impressions. Its clock is event time, per
 partition (a user's events are ordered within their partition, and
@@ -70,6 +93,7 @@ import numpy.typing as npt
 
 from feature_store.events import Event, EventContext, EventType
 from feature_store.settings import TrainerSettings
+from trainer.watch import WatchQuantiles
 
 _IMPRESSION = EventType.IMPRESSION
 _POSITIVE = frozenset({EventType.FINISH, EventType.LIKE, EventType.SHARE})
@@ -120,6 +144,16 @@ class Sample(NamedTuple):
     model that has since learnt from the same session's positives, and
     scoring it then would bias the metric (measured on a feed whose
     engagement is chance: AUC 0.48 instead of 0.50)."""
+    watch: float = math.nan
+    """The watch head's target in [0, 1] (:mod:`trainer.watch`); NaN: no play."""
+    negative: float = math.nan
+    """The negative head's label: 1 for skip and dislike, 0 for the other samples."""
+
+
+Labels = tuple[float, float, float]
+"""(engagement, watch ratio, negative) of one event, NaN where it says nothing."""
+
+_NAN = math.nan
 
 
 class Shown(NamedTuple):
@@ -138,6 +172,31 @@ class LabelPolicy:
         self.positive_ratio = positive_watch_ratio
         self.short_ratio = settings.short_play_ratio
         self.weights = {EventType(k): float(v) for k, v in settings.sample_weights.items()}
+        self.watch = WatchQuantiles(
+            settings.watch_duration_buckets_s, settings.watch_quantile_memory
+        )
+        """The watch head's per-duration-bucket quantile estimate (checkpointed)."""
+
+    def labels(self, event: Event, duration_ms: int | None = None) -> Labels | None:
+        """Per-head labels of ``event``, the watch head's as the raw ratio (see
+        :meth:`watch_target`); None when no head has one."""
+        kind = event.type
+        if kind in _POSITIVE:
+            return (1.0, _NAN, 0.0)
+        if kind in _NEGATIVE:
+            return (0.0, _NAN, 1.0)
+        if kind == EventType.PLAY:
+            ratio = event.watch_ratio(duration_ms)
+            if ratio is None:
+                return None
+            engagement = self.label(event, duration_ms)
+            return (_NAN if engagement is None else engagement, ratio, 0.0)
+        return None
+
+    def watch_target(self, event: Event, ratio: float, duration_ms: int | None) -> float:
+        """The watch head's target of a play of ``ratio``; counts the play (stateful)."""
+        duration = event.duration_ms or duration_ms or 0
+        return self.watch.target(ratio, duration)
 
     def label(self, event: Event, duration_ms: int | None = None) -> float | None:
         kind = event.type
@@ -202,11 +261,20 @@ class Joiner:
         every labelled event that no remembered impression precedes.
         """
         labels = [
-            None if e.type is _IMPRESSION else self.policy.label(e, durations.get(e.video_id))
+            None if e.type is _IMPRESSION else self.policy.labels(e, durations.get(e.video_id))
             for e in events
         ]
         own = self._own_moments(events, labels)
         moments = featurise(own) if own else None
+        # Only now (featurise may raise, and the caller retries) does the watch
+        # estimate count this batch's plays, in log order.
+        for i, labelled in enumerate(labels):
+            if labelled is not None and labelled[1] == labelled[1]:
+                event = events[i]
+                target = self.policy.watch_target(
+                    event, labelled[1], durations.get(event.video_id)
+                )
+                labels[i] = (labelled[0], target, labelled[2])
         row_of = {position: row for row, position in enumerate(own)}
         samples: list[Sample] = []
         weight_of = self.policy.weight
@@ -226,26 +294,28 @@ class Joiner:
                     del pending[key]
                     self._size -= 1
                 if label is not None:
+                    engagement, watch, negative = label
                     shown = self._shown.get(key)
                     if shown is None:
                         assert moments is not None
                         self.own_moments += 1
                         row = row_of[i]
                         samples.append(Sample(
-                            event, label, weight_of(event.type), event.context,
-                            moments.values[row], float(moments.scores[row]),
+                            event, engagement, weight_of(event.type), event.context,
+                            moments.values[row], float(moments.scores[row]), watch, negative,
                         ))
                     else:
                         context = merge_context(event.context, shown.impression.context)
                         samples.append(Sample(
-                            event, label, weight_of(event.type), context, shown.values, shown.score
+                            event, engagement, weight_of(event.type), context, shown.values,
+                            shown.score, watch, negative,
                         ))
             if event.ts > watermark.get(partition, 0):
                 watermark[partition] = event.ts
         samples += self._expire()
         return samples
 
-    def _own_moments(self, events: list[Event], labels: list[float | None]) -> list[int]:
+    def _own_moments(self, events: list[Event], labels: list[Labels | None]) -> list[int]:
         """Positions of impressions, and of labelled events no remembered impression precedes."""
         shown_here: set[Key] = set()
         out = []
@@ -302,7 +372,9 @@ class Joiner:
     def _negative(self, shown: Shown) -> Sample:
         impression = shown.impression
         weight = self.policy.weight(EventType.IMPRESSION)
-        return Sample(impression, 0.0, weight, impression.context, shown.values, shown.score)
+        return Sample(
+            impression, 0.0, weight, impression.context, shown.values, shown.score, _NAN, 0.0
+        )
 
     # --- checkpointing ------------------------------------------------------
 

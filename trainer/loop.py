@@ -59,6 +59,7 @@ from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event, EventType
 from feature_store.features.values import FeatureValues
+from feature_store.model_io import HEADS
 from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries
@@ -69,7 +70,7 @@ from trainer.export import publish
 from trainer.fetch import IDLE, Fetcher
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.metrics import TrainerMetrics
-from trainer.model import WideDeep
+from trainer.model import WideDeep, upgrade_state_dict
 from trainer.retrieval import RetrievalTrainer
 from trainer.retrieval_export import writer as retrieval_writer
 from trainer.samples import Lookup, featurise, labelled_rows
@@ -97,7 +98,8 @@ class OnlineTrainer:
     ) -> None:
         settings = resources.settings
         self.on_scored = on_scored
-        """Called with each trained step's samples and their pre-update scores (evaluation)."""
+        """Called with each trained step's samples that have an engagement label and their
+        pre-update scores (evaluation)."""
         cfg = settings.trainer
         self.resources = resources
         self.cfg = cfg
@@ -115,6 +117,7 @@ class OnlineTrainer:
             cfg.dense_learning_rate,
             io_threads=cfg.io_threads if self.durable_sparse else 1,
             overlap_push=cfg.overlap_push and self.durable_sparse and self.group is None,
+            head_weights=[cfg.head_loss_weights.get(h, 1.0) for h in HEADS],
         )
         self.retrieval = (
             RetrievalTrainer(
@@ -391,7 +394,7 @@ class OnlineTrainer:
 
         def attempt() -> int:
             with self._lock:
-                result = self.trainer.step(batch, rows.labels, rows.weights)
+                result = self.trainer.step(batch, rows.targets, rows.weights)
             # Scored as shown where known (see Sample.score), else by this step's forward.
             scores = np.where(np.isnan(rows.shown_scores), result.scores, rows.shown_scores)
             self.metrics.observe_scores(
@@ -399,9 +402,16 @@ class OnlineTrainer:
                 scores,
                 rows.labels.astype(np.float64),
                 rows.weights.astype(np.float64),
+                result.heads,
+                rows.targets.astype(np.float64),
             )
             if self.on_scored is not None:
-                self.on_scored(samples, scores)
+                engaged = ~np.isnan(rows.labels)
+                if engaged.all():
+                    self.on_scored(samples, scores)
+                else:
+                    kept = np.flatnonzero(engaged)
+                    self.on_scored([samples[i] for i in kept], scores[kept])
             return result.unique_keys
 
         return self._retry(attempt)
@@ -564,6 +574,7 @@ class OnlineTrainer:
                 "samples_total": self.metrics.samples_total,
                 "batches_total": self.metrics.batches_total,
                 "joiner": joiner,
+                "watch_quantiles": self.joiner.policy.watch.state(),
                 "last_version": self.last_version,
             }
             (directory / STATE_FILE).write_text(json.dumps(state))
@@ -602,8 +613,15 @@ class OnlineTrainer:
         if seq is not None:
             directory = self.checkpointer.path(seq)
             dense = torch.load(directory / DENSE_FILE, weights_only=True)
-            self.model.load_state_dict(dense["model"])
-            self.trainer.optimizer.load_state_dict(dense["optimizer"])
+            if upgrade_state_dict(self.model, dense["model"]):
+                # A checkpoint from before heads: its output is the engagement head's
+                # row; the other heads start fresh, and so does Adam (its moments
+                # have the old layer's shape).
+                self.model.load_state_dict(dense["model"])
+                log.warning("checkpoint %d has one output: heads added, optimizer reset", seq)
+            else:
+                self.model.load_state_dict(dense["model"])
+                self.trainer.optimizer.load_state_dict(dense["optimizer"])
             self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
             if self.retrieval is not None:
                 self.retrieval.restore(directory)
@@ -619,6 +637,8 @@ class OnlineTrainer:
             shown_file = directory / SHOWN_FILE
             shown = np.load(shown_file) if shown_file.is_file() else np.zeros((0, 0), np.uint64)
             self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
+            if "watch_quantiles" in state:
+                self.joiner.policy.watch.load_state(state["watch_quantiles"])
             self.metrics.events_total = int(state.get("events_total", 0))
             self.metrics.samples_total = int(state.get("samples_total", 0))
             self.metrics.batches_total = int(state.get("batches_total", 0))

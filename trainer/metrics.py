@@ -15,6 +15,21 @@ Kept over a sliding window of the last ``metrics_window`` samples:
   liked" would predict). The model earns its keep by beating it;
 - ``positive_rate`` of the window.
 
+Those are the engagement head's (samples with an engagement label). Each
+other head (:data:`feature_store.model_io.HEADS`) has its own window of the
+samples labelled for it, with the same kind of popularity baseline (each
+video's smoothed mean label before the batch):
+
+- ``negative_auc`` / ``negative_baseline_auc``, ``negative_rate``: the
+  explicit-negative head (skip, dislike);
+- ``watch_spearman`` / ``watch_baseline_spearman`` (rank correlation of the
+  predicted and the target watch quantile) and ``watch_mae`` /
+  ``watch_baseline_mae``, ``watch_samples``: the watch head.
+
+The heads' scores are the training step's pre-update forward pass; the
+engagement head's are the score as shown where one was made (see
+:attr:`trainer.labels.Sample.score`).
+
 And from the loop: events/s (consumed, over the last ``rate_window_s``),
 samples/s, batch latency (ms), unique keys per batch, consumer lag.
 
@@ -34,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from feature_store.quality import log_loss, roc_auc
+from feature_store.quality import log_loss, mean_abs_error, roc_auc, spearman
 
 Floats = npt.NDArray[np.float64]
 
@@ -91,6 +106,25 @@ class PopularityBaseline:
                 c[1] += 1.0
 
 
+class HeadWindow:
+    """One head's prequential predictions, labels and popularity baseline over a window."""
+
+    def __init__(self, window: int) -> None:
+        self.scores = _Ring(window)
+        self.labels = _Ring(window)
+        self.baseline = _Ring(window)
+        self.popularity = PopularityBaseline()
+
+    def observe(self, video_ids: Sequence[str], scores: Floats, labels: Floats) -> None:
+        self.baseline.extend(self.popularity.predict(video_ids))
+        self.popularity.update(video_ids, labels)
+        self.scores.extend(scores)
+        self.labels.extend(labels)
+
+    def values(self) -> tuple[Floats, Floats, Floats]:
+        return self.scores.values(), self.labels.values(), self.baseline.values()
+
+
 class TrainerMetrics:
     """Sliding-window prequential metrics, loop rates, and their Prometheus gauges."""
 
@@ -106,6 +140,8 @@ class TrainerMetrics:
         self._weights = _Ring(window)
         self._baseline = _Ring(window)
         self.popularity = PopularityBaseline()
+        self.watch = HeadWindow(window)
+        self.negative = HeadWindow(window)
         self.rate_window_s = rate_window_s
         self._batches: deque[tuple[float, int, int]] = deque()  # (t, events, samples)
         self._latency_ms: deque[float] = deque(maxlen=200)
@@ -123,6 +159,13 @@ class TrainerMetrics:
         )
         self.g_base_auc = Gauge(
             "vidrec_trainer_baseline_auc", "Popularity baseline's prequential AUC", registry=r
+        )
+        self.g_head = Gauge(
+            "vidrec_trainer_head_metric",
+            "Prequential figure of a ranking head over the window (watch: spearman, "
+            "negative: auc)",
+            ["head", "metric"],
+            registry=r,
         )
         self.g_rate = Gauge("vidrec_trainer_events_per_second", "Events consumed per s", registry=r)
         self.g_keys = Gauge(
@@ -144,14 +187,37 @@ class TrainerMetrics:
         )
 
     def observe_scores(
-        self, video_ids: Sequence[str], scores: Floats, labels: Floats, weights: Floats
+        self,
+        video_ids: Sequence[str],
+        scores: Floats,
+        labels: Floats,
+        weights: Floats,
+        heads: Floats | None = None,
+        targets: Floats | None = None,
     ) -> None:
-        """Record a batch's pre-update scores; updates the baseline afterwards."""
+        """Record a batch's pre-update scores; updates the baselines afterwards.
+
+        ``scores`` and ``labels`` are the engagement head's (NaN labels: none,
+        left out); ``heads`` and ``targets``, ``(n, H)`` in HEADS order, the
+        other heads' predictions and labels (NaN: no label for that head).
+        """
+        all_ids = list(video_ids)
+        known = ~np.isnan(labels)
+        if not known.all():
+            video_ids = [v for v, k in zip(all_ids, known.tolist(), strict=True) if k]
+            scores, labels, weights = scores[known], labels[known], weights[known]
         self._baseline.extend(self.popularity.predict(video_ids))
         self.popularity.update(video_ids, labels)
         self._scores.extend(scores)
         self._labels.extend(labels)
         self._weights.extend(weights)
+        if heads is None or targets is None:
+            return
+        for column, head in ((1, self.watch), (2, self.negative)):
+            has = ~np.isnan(targets[:, column])
+            if has.any():
+                ids = [v for v, k in zip(all_ids, has.tolist(), strict=True) if k]
+                head.observe(ids, heads[has, column], targets[has, column])
 
     def observe_batch(
         self, events: int, samples: int, duplicates: int, unique_keys: int, seconds: float
@@ -199,6 +265,22 @@ class TrainerMetrics:
             "baseline_logloss": log_loss(base, labels, weights),
             "positive_rate": float(labels.mean()) if len(labels) else float("nan"),
             "window_samples": float(len(labels)),
+            **self.head_window(),
+        }
+
+    def head_window(self) -> dict[str, float]:
+        """The watch and negative heads' figures over their windows."""
+        w_scores, w_targets, w_base = self.watch.values()
+        n_scores, n_labels, n_base = self.negative.values()
+        return {
+            "watch_spearman": spearman(w_scores, w_targets),
+            "watch_mae": mean_abs_error(w_scores, w_targets),
+            "watch_baseline_spearman": spearman(w_base, w_targets),
+            "watch_baseline_mae": mean_abs_error(w_base, w_targets),
+            "watch_samples": float(len(w_targets)),
+            "negative_auc": roc_auc(n_scores, n_labels),
+            "negative_baseline_auc": roc_auc(n_base, n_labels),
+            "negative_rate": float(n_labels.mean()) if len(n_labels) else float("nan"),
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -222,5 +304,9 @@ class TrainerMetrics:
                 gauge.set(point[key])
         if point["baseline_auc"] == point["baseline_auc"]:
             self.g_base_auc.set(point["baseline_auc"])
+        for head, metric in (("watch", "spearman"), ("watch", "mae"), ("negative", "auc")):
+            value = point[f"{head}_{metric}"]
+            if value == value:
+                self.g_head.labels(head, metric).set(value)
         self.g_rate.set(events_s)
         return point

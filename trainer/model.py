@@ -2,9 +2,18 @@
 
 One module serves training and export: :meth:`WideDeep.forward` takes
 exactly the inputs named in :mod:`feature_store.model_io`, positionally and
-in :func:`~feature_store.model_io.input_names` order, and returns the score;
-:meth:`WideDeep.logits` is the same computation before the sigmoid, which
-training uses for a numerically stable loss.
+in :func:`~feature_store.model_io.input_names` order, and returns the score
+(the ``engagement`` head); :meth:`WideDeep.logits` is the same computation
+before the sigmoid, which training uses for a numerically stable loss.
+
+Heads (:data:`feature_store.model_io.HEADS`): the deep tower is shared and
+its last layer has one output per head; :meth:`WideDeep.head_logits` gives
+all of them ``(B, H)``. The wide part and the global bias add to the
+engagement head only: the wide table has one weight per key (its dimension
+is part of the sparse-table contract), and engagement is the label it was
+trained for, so its semantics do not move. The other heads are
+deep-only, each with its own bias in the last layer. Export traces
+:class:`Heads`, whose outputs are the heads' probabilities in order.
 
 Why temporary matrices: the sparse tables hold millions of rows outside
 torch. A batch pulls only its unique keys into a small ``(N_t, dim)`` tensor
@@ -25,6 +34,7 @@ from torch import Tensor, nn
 
 from feature_store.features.columns import MultiValued
 from feature_store.features.schema import FeatureSchema
+from feature_store.model_io import HEADS
 
 
 class WideDeep(nn.Module):
@@ -56,15 +66,16 @@ class WideDeep(nn.Module):
         for h in hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
-        layers.append(nn.Linear(width, 1))
+        self.n_heads = len(HEADS)
+        layers.append(nn.Linear(width, self.n_heads))
         self.mlp = nn.Sequential(*layers)
         # Dense features arrive roughly in 0..10; a learnt affine per feature
         # keeps a large one from dominating the first layer early on.
         self.dense_norm = nn.LayerNorm(self.n_dense) if self.n_dense else nn.Identity()
         self.bias = nn.Parameter(torch.zeros(1))
 
-    def logits(self, *inputs: Tensor) -> Tensor:
-        """Pre-sigmoid scores, shape ``(B,)``."""
+    def head_logits(self, *inputs: Tensor) -> Tensor:
+        """Pre-sigmoid scores of every head, shape ``(B, H)`` in :data:`HEADS` order."""
         tables = inputs[: self.n_tables]
         indices = inputs[self.n_tables : self.n_tables + self.n_columns]
         wide_weights, wide_idx, dense = inputs[self.n_tables + self.n_columns :]
@@ -80,10 +91,54 @@ class WideDeep(nn.Module):
                 rows = pooled
             parts.append(rows)
         parts.append(self.dense_norm(dense))
-        deep = self.mlp(torch.cat(parts, dim=1)).squeeze(1)
+        deep = self.mlp(torch.cat(parts, dim=1))
         wide = wide_weights[wide_idx].sum(dim=(1, 2))
-        return deep + wide + self.bias
+        engagement = deep[:, :1] + (wide + self.bias).unsqueeze(1)
+        return torch.cat([engagement, deep[:, 1:]], dim=1)
+
+    def logits(self, *inputs: Tensor) -> Tensor:
+        """Pre-sigmoid engagement scores, shape ``(B,)``."""
+        return self.head_logits(*inputs)[:, 0]
 
     def forward(self, *inputs: Tensor) -> Tensor:
-        """Predicted probability of a positive outcome, shape ``(B,)``."""
+        """Predicted probability of a positive outcome (engagement), shape ``(B,)``."""
         return torch.sigmoid(self.logits(*inputs))
+
+    def heads(self, *inputs: Tensor) -> Tensor:
+        """Every head's prediction (sigmoid of its logit), shape ``(B, H)``."""
+        return torch.sigmoid(self.head_logits(*inputs))
+
+
+class Heads(nn.Module):
+    """A :class:`WideDeep` whose forward returns one ``(B,)`` tensor per head (export)."""
+
+    def __init__(self, model: WideDeep) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        out = self.model.heads(*inputs)
+        return tuple(out[:, i] for i in range(out.shape[1]))
+
+
+def upgrade_state_dict(model: WideDeep, state: dict[str, Tensor]) -> bool:
+    """Grow a single-head checkpoint's last layer to ``model``'s heads, in place.
+
+    The old output becomes the engagement row (it was trained on the same
+    label); the other rows keep ``model``'s fresh initialisation. Returns
+    whether anything changed (then the optimizer's state, whose moments have
+    the old shapes, cannot be restored and the caller starts it afresh).
+    """
+    last = len(model.mlp) - 1
+    weight_key, bias_key = f"mlp.{last}.weight", f"mlp.{last}.bias"
+    old_w = state.get(weight_key)
+    if old_w is None or old_w.shape[0] == model.n_heads:
+        return False
+    layer = model.mlp[last]
+    assert isinstance(layer, nn.Linear)
+    new_w = layer.weight.detach().clone()
+    new_b = layer.bias.detach().clone()
+    new_w[: old_w.shape[0]] = old_w
+    new_b[: old_w.shape[0]] = state[bias_key]
+    state[weight_key], state[bias_key] = new_w, new_b
+    return True

@@ -94,13 +94,16 @@ class OnlineReplay:
     def export(self) -> str:
         return self.loop.export(activate=True)
 
+    def heads(self) -> dict[str, float]:
+        return self.loop.metrics.head_window()
+
     def close(self) -> None:
         self.consumer.close()
         self.loop.trainer.close()
 
 
 def build_samples(
-    resources: Resources, events: Sequence[Event], batch_size: int
+    resources: Resources, events: Sequence[Event], batch_size: int, engagement_only: bool = True
 ) -> tuple[list[Sample], FeatureValues]:
     """The online loop's samples and their feature values, without training.
 
@@ -109,6 +112,9 @@ def build_samples(
     video was shown), recorded into ``resources.activity`` (which must start
     empty) after each batch, as the loop does. Values are packed rows (about
     0.4 KB a sample), not row objects, so a long stream fits in memory.
+    ``engagement_only`` leaves out the samples with no engagement label (an
+    ambiguous play, a sample for the watch head only): the offline harness
+    compares the engagement head.
     """
     settings = resources.settings
     cfg = settings.trainer
@@ -123,6 +129,8 @@ def build_samples(
         moments = partial(_moments, extractor, chunk, lookup, resources.activity, history_limit)
         samples += joiner.observe(chunk, [0] * len(chunk), lookup.durations, moments)
         resources.activity.record(chunk, lookup.durations)
+    if engagement_only:
+        samples = [s for s in samples if s.label == s.label]
     return samples, labelled_rows(samples, extractor.layout).values
 
 

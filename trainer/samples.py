@@ -90,10 +90,13 @@ class LabelledRows:
 
     values: FeatureValues
     labels: npt.NDArray[np.float32]
+    """The engagement head's labels (NaN: a sample for the other heads only)."""
     weights: npt.NDArray[np.float32]
     video_ids: list[str]
     shown_scores: npt.NDArray[np.float64]
     """The model's prediction as each sample's video was shown (NaN: not made then)."""
+    targets: npt.NDArray[np.float32]
+    """``(n, H)`` every head's label (HEADS order), NaN where the sample has none."""
 
 
 def labelled_rows(samples: Sequence[Sample], layout: ValueLayout) -> LabelledRows:
@@ -104,4 +107,7 @@ def labelled_rows(samples: Sequence[Sample], layout: ValueLayout) -> LabelledRow
         weights=np.fromiter((s.weight for s in samples), np.float32, len(samples)),
         video_ids=[s.event.video_id for s in samples],
         shown_scores=np.fromiter((s.score for s in samples), np.float64, len(samples)),
+        targets=np.array(
+            [(s.label, s.watch, s.negative) for s in samples], dtype=np.float32
+        ).reshape(len(samples), 3),
     )

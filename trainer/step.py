@@ -31,6 +31,11 @@ Loss: the *sum* of per-sample (weighted) binary cross-entropy. Summing, not
 averaging, keeps each key's gradient proportional to how often the batch
 used it, independent of batch size; the sparse optimizers (Adagrad, FTRL)
 normalise step sizes per key, and Adam is invariant to the scale.
+
+With heads (:data:`feature_store.model_io.HEADS`) the loss is the sum over
+heads of each head's summed cross-entropy (the watch head's target is a
+soft label in [0, 1]) times its ``head_loss_weights`` entry, each sample
+counting only for the heads it has a label for (NaN: masked out).
 """
 
 from __future__ import annotations
@@ -64,10 +69,12 @@ class StepResult:
     """What one step reports to the metrics."""
 
     scores: npt.NDArray[np.float64]
-    """Pre-update predicted probabilities (prequential scores)."""
+    """Pre-update predicted probabilities of the engagement head (prequential scores)."""
     loss: float
     """Summed loss of the batch before the update."""
     unique_keys: int
+    heads: npt.NDArray[np.float64] | None = None
+    """``(B, H)`` pre-update predictions of every head (HEADS order)."""
 
 
 def to_inputs(
@@ -103,8 +110,14 @@ class Trainer:
         learning_rate: float,
         io_threads: int = 1,
         overlap_push: bool = False,
+        head_weights: Sequence[float] | None = None,
     ) -> None:
         self.schema = schema
+        self.head_weights = torch.tensor(
+            list(head_weights) if head_weights is not None else [1.0] * model.n_heads,
+            dtype=torch.float32,
+        )
+        """Multiplier of each head's loss (``trainer.head_loss_weights``, HEADS order)."""
         self.tables = tables
         self.model = model
         self.optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
@@ -186,15 +199,17 @@ class Trainer:
         labels: npt.NDArray[np.float32],
         weights: npt.NDArray[np.float32],
     ) -> StepResult:
-        """Train on one extracted batch; returns the pre-update scores."""
+        """Train on one extracted batch; returns the pre-update scores.
+
+        ``labels`` is ``(B,)`` (the engagement head alone) or ``(B, H)``, one
+        column per head, NaN where a sample has no label for that head.
+        """
         self.settle()  # the previous step's pushes land before this pull
         table_rows, wide_rows = self.pull(batch, train=True)
         inputs = to_inputs(self.schema, batch, table_rows, wide_rows, requires_grad=True)
         self.model.train()
-        logits = self.model.logits(*inputs)
-        loss = functional.binary_cross_entropy_with_logits(
-            logits, torch.from_numpy(labels), weight=torch.from_numpy(weights), reduction="sum"
-        )
+        head_logits = self.model.head_logits(*inputs)
+        loss = self._loss(head_logits, labels, weights)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         n = len(self._table_names)
@@ -216,8 +231,26 @@ class Trainer:
             else:
                 self._begun = (pushes, rounds)
         self.optimizer.step()
-        scores = torch.sigmoid(logits.detach()).double().numpy()
-        return StepResult(scores, float(loss.detach()), batch.unique_key_count)
+        heads = torch.sigmoid(head_logits.detach()).double().numpy()
+        return StepResult(heads[:, 0].copy(), float(loss.detach()), batch.unique_key_count, heads)
+
+    def _loss(
+        self,
+        head_logits: Tensor,
+        labels: npt.NDArray[np.float32],
+        weights: npt.NDArray[np.float32],
+    ) -> Tensor:
+        """Summed weighted cross-entropy over the labelled (sample, head) pairs."""
+        target = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
+        if target.dim() == 1:
+            target = target.unsqueeze(1)
+        logits = head_logits[:, : target.shape[1]]
+        known = ~torch.isnan(target)
+        per_head = self.head_weights[: target.shape[1]].unsqueeze(0)
+        weight = torch.from_numpy(weights).unsqueeze(1) * known * per_head
+        return functional.binary_cross_entropy_with_logits(
+            logits, torch.where(known, target, 0.0), weight=weight, reduction="sum"
+        )
 
     @staticmethod
     def _raise_first(outcomes: list[Exception | None]) -> None:
@@ -269,9 +302,14 @@ class Trainer:
 
     @torch.no_grad()
     def score(self, batch: BatchFeatures) -> npt.NDArray[np.float64]:
-        """Predicted probabilities without training or admitting keys."""
+        """Predicted probabilities of the engagement head without training or admitting keys."""
+        return self.score_heads(batch)[:, 0].copy()
+
+    @torch.no_grad()
+    def score_heads(self, batch: BatchFeatures) -> npt.NDArray[np.float64]:
+        """Every head's prediction ``(B, H)``, without training or admitting keys."""
         self.settle()
         table_rows, wide_rows = self.pull(batch, train=False)
         self.model.eval()
-        out = self.model(*to_inputs(self.schema, batch, table_rows, wide_rows))
+        out = self.model.heads(*to_inputs(self.schema, batch, table_rows, wide_rows))
         return out.double().numpy()

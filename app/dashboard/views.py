@@ -24,6 +24,9 @@ TRAINER_EXTRA = "trainer"
 TRAINING_FIELDS = (
     "auc", "logloss", "baseline_auc", "baseline_logloss", "positive_rate", "events_per_s",
     "samples_per_s", "batch_ms_mean", "batch_ms_p95", "unique_keys", "lag", "events_total",
+    # the other ranking heads (trainer/metrics.py): explicit negatives and watch quantile
+    "negative_auc", "negative_baseline_auc", "watch_spearman", "watch_baseline_spearman",
+    "watch_mae", "watch_baseline_mae",
 )
 """Fields of a trainer metrics point the page charts or shows."""
 FIRST_LOOK_MS = 30 * 60 * 1000
@@ -180,7 +183,8 @@ def models(service: Service) -> dict[str, Any]:
                 "group_id": position.get("group_id"),
                 "metrics": {
                     k: manifest.metrics.get(k)
-                    for k in ("auc", "logloss", "baseline_auc", "baseline_logloss")
+                    for k in ("auc", "logloss", "baseline_auc", "baseline_logloss",
+                              "negative_auc", "watch_spearman")
                 },
                 "active": version == active,
                 "served": model is not None and model.version == version,

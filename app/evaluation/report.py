@@ -134,6 +134,25 @@ def _ranking(result: EvalResult) -> str:
     )
 
 
+def _heads(result: EvalResult) -> list[str]:
+    """The other ranking heads' prequential figures, each beside its popularity baseline."""
+    h = result.heads
+    if not h:
+        return []
+    return [
+        "Other heads, prequential over the replay (each head's last 200,000 samples at most; "
+        f"{int(h.get('watch_samples', 0)):,} with a watch label), beside each video's smoothed "
+        "mean label so far (popularity): negative (skip, dislike) AUC "
+        f"{_fmt(h.get('negative_auc', math.nan))} "
+        f"(popularity {_fmt(h.get('negative_baseline_auc', math.nan))}, negative rate "
+        f"{_fmt(h.get('negative_rate', math.nan))}); watch quantile rank correlation "
+        f"{_fmt(h.get('watch_spearman', math.nan))} (popularity "
+        f"{_fmt(h.get('watch_baseline_spearman', math.nan))}), MAE "
+        f"{_fmt(h.get('watch_mae', math.nan))} (popularity "
+        f"{_fmt(h.get('watch_baseline_mae', math.nan))})."
+    ]
+
+
 def summary(result: EvalResult) -> str:
     notes = []
     if result.shift_days:
@@ -154,6 +173,7 @@ def summary(result: EvalResult) -> str:
         f"({result.test_moments:,} moments), {100 * result.new_test_users:.0f}% of their users "
         f"({100 * result.new_test_rows:.0f}% of the rows) absent from the first 80%.",
         f"Online AUC on the last 20%: {_goal(result)}.",
+        *_heads(result),
         _ranking(result),
         f"Offline epochs (valid AUC): {epochs}; best {result.offline_best_epoch}.",
         f"Replay {result.online_seconds:.0f} s ({result.events_per_s:,.0f} events/s), offline "

@@ -96,6 +96,9 @@ class EvalResult:
     online_seconds: float
     offline_seconds: float
     events_per_s: float
+    heads: dict[str, float] = field(default_factory=dict)
+    """The other ranking heads' prequential figures over the replay (``negative_auc``,
+    ``watch_spearman``... with their popularity baselines; ``trainer/metrics.py``)."""
 
     def model(self, name: str) -> ModelFigures:
         return next(m for m in self.models if m.name == name)
@@ -226,6 +229,7 @@ def assemble(
     fallbacks: dict[str, int],
     timing: Timing,
     settings: Settings,
+    heads: dict[str, float] | None = None,
 ) -> EvalResult:
     """The result of a run (see the module doc); ``settings`` are the online run's."""
     index = {eid: i for i, eid in enumerate(weighted.event_ids)}
@@ -292,6 +296,7 @@ def assemble(
         online_seconds=timing.online_seconds,
         offline_seconds=timing.offline_seconds,
         events_per_s=len(stream.events) / max(timing.online_seconds, 1e-9),
+        heads=dict(heads or {}),
     )
 
 

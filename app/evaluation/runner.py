@@ -88,6 +88,9 @@ from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
 
+HEAD_WINDOW = 200_000
+"""Samples per head over which the report's head figures are computed (the trainer's
+``metrics_window`` in an evaluation; about 10 MB of rings)."""
 _CHUNK = 4096
 """Events produced to the log between two drains of the trainer."""
 _DAY_MS = 86_400_000
@@ -178,6 +181,9 @@ def eval_settings(
         "checkpoint_every_s": 1e9,
         "seed": cfg.seed,
         "dedupe_window": 0,
+        # The heads' figures in the report are over this window of each head's samples:
+        # the whole of ml-100k, the last HEAD_WINDOW of a longer stream.
+        "metrics_window": HEAD_WINDOW,
     }
     if kind == "movielens" and not cfg.implicit:  # implicit: every rating a finish, weight 1
         trainer.update(rating_label_settings())
@@ -240,6 +246,8 @@ class _Online:
         self.position = 0
         self.since_export = math.inf
         self.fallbacks: dict[str, int] = {}
+        self.heads: dict[str, float] = {}
+        """The other heads' prequential figures at the end of the replay."""
         self.progress = Progress(len(stream.events), "replay", "events", enabled=cfg.progress)
 
     def run(self, queries: list[Query]) -> ScoredSamples:
@@ -259,6 +267,7 @@ class _Online:
                         self.since_export = 0
                     self._ask(service, query)
                 self._advance(len(self.events), replay, feed, consumer)
+                self.heads = replay.heads()
             finally:
                 consumer.close()
                 replay.close()
@@ -400,7 +409,7 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
         offline_seconds = time.perf_counter() - t0
     timing = Timing(started, online_seconds, offline_seconds)
     return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks, timing,
-                    settings)
+                    settings, online.heads)
 
 
 def _check_scratch(resources: Resources) -> None:

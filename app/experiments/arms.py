@@ -18,8 +18,10 @@ assignment: its users get the active version and their responses carry no
 arm, so they count for no arm (``vidrec_experiment_requests_total{outcome=
 "unavailable"}`` says how many).
 
-Later, fusion weights: one more field of :class:`Assignment`, read by the
-scorer with the model (``docs/experiments.md``).
+An arm's fusion weights (``Arm.fusion``) travel the same way: one more field
+of :class:`Assignment`, read by the scorer with the model
+(``docs/experiments.md``); an arm without them is scored with
+``api.ranking_weights``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder
 from feature_store.errors import ConfigurationError, VidrecError
 from feature_store.experiments import (
@@ -56,6 +59,8 @@ class Assignment:
     model: LoadedModel
     tag: ServedArm
     """The arm as the served log records it."""
+    fusion: Fusion | None = None
+    """The arm's weights over the ranking heads (None: the service's)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,10 @@ class ArmModels:
             salt=salt_bytes(experiment),
             bounds=thresholds(arms),
             assignments=tuple(
-                Assignment(experiment.id, arm.name, m, ServedArm(experiment.id, arm.name))
+                Assignment(
+                    experiment.id, arm.name, m, ServedArm(experiment.id, arm.name),
+                    Fusion.of(arm.fusion) if arm.fusion is not None else None,
+                )
                 if m is not None else None
                 for arm, m in zip(arms, models, strict=True)
             ),

@@ -17,6 +17,12 @@ sparse tables (:attr:`LoadedModel.pull`), so a version of another family
 swaps the model and the tables it reads together. A version that fails to load is logged, counted,
 and remembered (not retried until the pointer moves), and the old one keeps
 serving.
+
+A model's outputs are its ranking heads (:data:`feature_store.model_io.HEADS`);
+:meth:`LoadedModel.run_heads` runs the ones it has. A version exported
+before heads has the one output ``score`` (the engagement head's name) and
+still loads and serves: its other heads are simply absent, and the fusion
+(:mod:`app.scoring.fusion`) scores with engagement alone.
 """
 
 from __future__ import annotations
@@ -68,6 +74,9 @@ class LoadedModel:
     load_seconds: float
     warmup_seconds: float
     input_names: list[str] = field(default_factory=list)
+    heads: tuple[str, ...] = ("engagement",)
+    """The ranking heads this version outputs (HEADS order); engagement alone for a
+    version exported before heads."""
     pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None
     """Row reader of the version's family's sparse tables (None: the scorer's own).
 
@@ -85,9 +94,17 @@ class LoadedModel:
         return batch
 
     def run(self, feed: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
-        """Scores for a feed built by :func:`feature_store.model_io.build_feed`."""
+        """Engagement scores for a feed built by :func:`feature_store.model_io.build_feed`."""
         (scores,) = self.session.run([model_io.SCORE], feed)
         return np.asarray(scores, dtype=np.float32)
+
+    def run_heads(self, feed: dict[str, npt.NDArray[Any]]) -> dict[str, npt.NDArray[np.float32]]:
+        """Every head this version has, by head name, in one run."""
+        names = [model_io.HEAD_OUTPUTS[h] for h in self.heads]
+        outputs = self.session.run(names, feed)
+        return {
+            h: np.asarray(o, dtype=np.float32) for h, o in zip(self.heads, outputs, strict=True)
+        }
 
 
 def pad_batch(batch: BatchFeatures, size: int) -> BatchFeatures:
@@ -204,6 +221,10 @@ def load_model(
     expected = model_io.input_names(schema)
     if sorted(names) != sorted(expected):
         raise ModelLoadError(f"version {version}: inputs {names} != expected {expected}")
+    outputs = {o.name for o in session.get_outputs()}
+    if model_io.SCORE not in outputs:
+        raise ModelLoadError(f"version {version}: no {model_io.SCORE!r} output in {outputs}")
+    heads = tuple(h for h in model_io.HEADS if model_io.HEAD_OUTPUTS[h] in outputs)
     provider = session.get_providers()[0]
     global _cuda_usable
     if CUDA in provider_preference(settings.onnx_provider):
@@ -220,6 +241,7 @@ def load_model(
         load_seconds=time.perf_counter() - started,
         warmup_seconds=0.0,
         input_names=names,
+        heads=heads,
         pull=pull,
     )
     warm_started = time.perf_counter()

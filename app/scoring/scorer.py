@@ -5,7 +5,10 @@ Per request: the candidates' features are extracted in one vectorised pass
 wide keys, are pulled once (weights only, ``train=False``: an unknown key is
 a zero row) into the temporary embedding matrices the model takes as inputs;
 :func:`feature_store.model_io.build_feed` assembles the feed; the batch is
-padded to its warmed bucket and scored by one ``session.run``.
+padded to its warmed bucket and scored by one ``session.run``, which gives
+every ranking head; :mod:`app.scoring.fusion` turns them into the one score
+per candidate the scorer returns (``api.ranking_weights``, or the request's
+experiment arm's weights).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy.typing as npt
 
 from app.candidates.retrieval import CandidateFilter
 from app.scoring.features import RequestFeatureExtractor
+from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
 from app.scoring.onnx_model import LoadedModel, pad_batch
 from app.scoring.video_table import VideoSource
 from feature_store import model_io
@@ -34,6 +38,9 @@ StageObserver = Callable[[str, float], None]
 
 WARMUP_TS_MS = 1_700_000_000_000
 
+_EVERY_HEAD = Fusion.of({h: 1.0 for h in model_io.HEADS})
+"""A fusion that reads every output (the warm-up runs them all)."""
+
 
 class Scorer:
     """Scores (user, candidates) with a :class:`LoadedModel`. Thread-safe."""
@@ -45,8 +52,11 @@ class Scorer:
         observe: StageObserver | None = None,
         pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
         videos: VideoSource | None = None,
+        fusion: Fusion = ENGAGEMENT_ONLY,
     ) -> None:
         self.schema = schema
+        self.fusion = fusion
+        """How the heads become the served score, unless a request brings its own."""
         self.videos = videos
         """Where :meth:`select` reads candidates' records and counters."""
         self.tables = tables
@@ -99,11 +109,16 @@ class Scorer:
         batch: BatchFeatures,
         rows: dict[str, npt.NDArray[np.float32]],
         wide: npt.NDArray[np.float32],
+        fusion: Fusion | None = None,
     ) -> npt.NDArray[np.float32]:
-        """One ONNX run over the batch padded to its bucket; scores of the real rows."""
+        """One ONNX run over the batch padded to its bucket; fused scores of the real rows."""
         padded = pad_batch(batch, model.bucket(batch.batch_size))
         feed = model_io.build_feed(self.schema, padded, rows, wide)
-        return model.run(feed)[: batch.batch_size]
+        fusion = fusion or self.fusion
+        if fusion.identity:
+            return model.run(feed)[: batch.batch_size]
+        n = batch.batch_size
+        return fusion.fuse({h: p[:n] for h, p in model.run_heads(feed).items()})
 
     def select(
         self, video_ids: Sequence[str], keep: CandidateFilter, cap: int
@@ -131,14 +146,16 @@ class Scorer:
         context: EventContext,
         history: Sequence[HistoryEntry],
         rows: Indices,
+        fusion: Fusion | None = None,
     ) -> tuple[npt.NDArray[np.float32], BatchFeatures | None]:
         """:meth:`score` for rows of this thread's video table (from :meth:`select`), with
-        the features scored (None for no rows), which the served log records."""
+        the features scored (None for no rows), which the served log records. ``fusion``:
+        the request's weights over the heads (an experiment arm's), else the scorer's."""
         if not len(rows):
             return np.zeros(0, dtype=np.float32), None
         t0 = time.perf_counter()
         batch = self.extractor.extract_rows(user_id, ts_ms, context, history, rows)
-        return self._pull_and_run(model, batch, t0), batch
+        return self._pull_and_run(model, batch, t0, fusion), batch
 
     def score(
         self,
@@ -150,7 +167,7 @@ class Scorer:
         videos: Sequence[Video],
         stats: Sequence[VideoStats],
     ) -> npt.NDArray[np.float32]:
-        """Predicted positive-outcome probability per video, in the order given."""
+        """The served (fused) score per video, in the order given."""
         if not videos:
             return np.zeros(0, dtype=np.float32)
         t0 = time.perf_counter()
@@ -158,13 +175,13 @@ class Scorer:
         return self._pull_and_run(model, batch, t0)
 
     def _pull_and_run(
-        self, model: LoadedModel, batch: BatchFeatures, t0: float
+        self, model: LoadedModel, batch: BatchFeatures, t0: float, fusion: Fusion | None = None
     ) -> npt.NDArray[np.float32]:
         """Pull and score ``batch``; observes the three stages (features from ``t0``)."""
         t1 = time.perf_counter()
         rows, wide = self.pull(batch, model)
         t2 = time.perf_counter()
-        scores = self.run(model, batch, rows, wide)
+        scores = self.run(model, batch, rows, wide, fusion)
         t3 = time.perf_counter()
         self.observe("features", t1 - t0)
         self.observe("pull", t2 - t1)
@@ -195,4 +212,4 @@ class Scorer:
             "warmup", WARMUP_TS_MS, EventContext(), history, videos, [VideoStats()] * size
         )
         rows, wide = self.pull(batch, model)
-        self.run(model, batch, rows, wide)
+        self.run(model, batch, rows, wide, _EVERY_HEAD)  # every output warmed

@@ -95,6 +95,8 @@ def test_overview_fills_under_traffic(live: TestClient) -> None:
     assert training["dead_letters"] == 0
     assert training["latest"]["events_total"] > 0
     assert {"auc", "baseline_auc", "logloss", "baseline_logloss"} <= set(training["points"][-1])
+    heads = {"negative_auc", "negative_baseline_auc", "watch_spearman", "watch_mae"}
+    assert heads <= set(training["points"][-1]) and heads <= set(training["latest"])
     serving = o["serving"]
     assert serving["provider"] is None or serving["provider"].endswith("ExecutionProvider")
     assert [s["stage"] for s in serving["stages"]] == [

@@ -87,6 +87,16 @@ def test_online_model_learns_users_beyond_popularity(result) -> None:  # type: i
     assert online.auc_test > popularity.auc_test + 0.05
 
 
+def test_each_head_has_its_prequential_figure_beside_a_baseline(result) -> None:  # type: ignore[no-untyped-def]
+    """1 star is a skip (the negative head's label), plays' ratios the watch head's target."""
+    heads = result.heads
+    assert heads["watch_samples"] > 0
+    for figure in ("negative_auc", "negative_baseline_auc", "watch_mae", "watch_baseline_mae"):
+        assert 0 <= heads[figure] <= 1, figure
+    for figure in ("watch_spearman", "watch_baseline_spearman"):
+        assert -1 <= heads[figure] <= 1, figure
+
+
 def test_service_is_asked_at_held_back_positives(result) -> None:  # type: ignore[no-untyped-def]
     assert result.queries == 30
     online = result.models[0]
@@ -133,6 +143,7 @@ def test_cli_prints_table_writes_plot_and_doc_section(movielens, tmp_path, capsy
     text = doc.read_text()
     assert "kept" in text and "old" not in text
     assert "| online Wide&Deep |" in text and "![AUC over time](auc.png)" in text
+    assert "negative (skip, dislike) AUC" in text and "watch quantile rank correlation" in text
     assert f"Command: `vidrec eval {movielens[0]} --queries 5 --windows 4 --epochs 1" in text
 
 

@@ -69,13 +69,17 @@ def test_onnx_matches_torch_on_random_batches(tmp_path: Path, exporter: str) -> 
     export_onnx(model, SCHEMA, path, exporter)  # type: ignore[arg-type]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == model_io.input_names(SCHEMA)
-    assert [o.name for o in session.get_outputs()] == [model_io.SCORE]
+    assert [o.name for o in session.get_outputs()] == model_io.OUTPUT_NAMES
     rng = np.random.default_rng(5)
     for batch in (1, 7, 256, 1024):
         inputs = example_inputs(SCHEMA, batch, rng)
         feed = {n: t.numpy() for n, t in zip(model_io.input_names(SCHEMA), inputs, strict=True)}
-        (onnx_score,) = session.run(None, feed)
+        outputs = session.run(None, feed)
         with torch.no_grad():
+            torch_heads = model.heads(*inputs).numpy()
             torch_score = model(*inputs).numpy()
-        assert onnx_score.shape == (batch,)
-        np.testing.assert_allclose(onnx_score, torch_score, rtol=0, atol=1e-5)
+        for i, head in enumerate(model_io.HEADS):  # every head, by its output name
+            onnx_head = outputs[model_io.OUTPUT_NAMES.index(model_io.HEAD_OUTPUTS[head])]
+            assert onnx_head.shape == (batch,), head
+            np.testing.assert_allclose(onnx_head, torch_heads[:, i], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(outputs[0], torch_score, rtol=0, atol=1e-5)  # score: engagement

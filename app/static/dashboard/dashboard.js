@@ -80,6 +80,8 @@
       ["last checkpoint", t.checkpoint_seq ? "#" + t.checkpoint_seq + (t.checkpoint_seen_ms ? ` · ${Math.round((Date.now() - t.checkpoint_seen_ms) / 1000)} s ago` : "") : "–"], ["events trained", int(l.events_total)],
       ["AUC", num(l.auc)], ["popularity AUC", num(l.baseline_auc)],
       ["log loss", num(l.logloss)], ["popularity log loss", num(l.baseline_logloss)],
+      ["negative head AUC (skip, dislike)", `${num(l.negative_auc)} / pop. ${num(l.negative_baseline_auc)}`, "kpi-negative-auc"],
+      ["watch head rank corr. (MAE)", `${num(l.watch_spearman)} (${num(l.watch_mae)}) / pop. ${num(l.watch_baseline_spearman)}`, "kpi-watch-spearman"],
       ["last export", t.last_version || "–"],
     ]);
     for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
@@ -102,6 +104,12 @@
     });
     Charts.draw($("chart-auc"), auc);
     Charts.draw($("chart-logloss"), loss);
+    Charts.draw($("chart-heads"), [
+      { label: "negative AUC", points: series(h, "negative_auc") },
+      { label: "negative, popularity", points: series(h, "negative_baseline_auc"), dash: true },
+      { label: "watch rank corr.", points: series(h, "watch_spearman"), color: "#d97706" },
+      { label: "watch, popularity", points: series(h, "watch_baseline_spearman"), color: "#d97706", dash: true },
+    ]);
     Charts.draw($("chart-throughput"), [{ label: "events/s", points: series(h, "events_per_s") }, { label: "lag", points: series(h, "lag"), color: "#d97706" }], { min: 0 });
   }
 
