@@ -4,7 +4,9 @@ Normal path: the user's history (one read), candidates (given, or retrieved
 from the sources), then :class:`~app.scoring.scorer.Scorer`: it maps the ids
 to rows of its per-video arrays (reading from the catalog and the counters
 only what it lacks or what changed: :mod:`app.scoring.video_table`), filters
-them there (unknown, hidden, seen, the request's filters), scores, and a top-K.
+them there (unknown, hidden, seen, the request's filters), scores, reranks
+(:mod:`app.rerank`: dislikes and served-without-engagement excluded, cold
+start, creator demotion and diversity) and a top-K.
 A user in a running experiment's arm is scored by that arm's model instead
 (:mod:`app.experiments.arms`); the response and its served-log record name the arm.
 
@@ -37,6 +39,7 @@ from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
 from app.experiments.arms import ArmModels, Assignment
 from app.metrics import Metrics
+from app.rerank import Reranker
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
 from app.scoring.scorer import Scorer
@@ -99,6 +102,7 @@ class Recommender:
         clock: Callable[[], float] = time.time,
         served_log: ServedLogWriter | None = None,
         arms: ArmModels | None = None,
+        rerank: Reranker | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -114,6 +118,9 @@ class Recommender:
         """Where model-ranked responses are logged (None: not logged)."""
         self.arms = arms
         """The running experiment's arms (None: experiments off)."""
+        self.rerank = rerank
+        """Exclusions, cold start, demotion and diversity before the top-K (None: plain
+        top-K by the model's scores)."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""
@@ -190,8 +197,14 @@ class Recommender:
         scores, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, rows
         )
+        ranked = None
+        if self.rerank is not None and len(ids):
+            scores, ranked = self.rerank.rerank(
+                request.user_id, now_ms, history, request.exclude_served, ids,
+                self.scorer.extractor.table, rows, scores, count,
+            )
         response, order = self._respond(
-            ids, sources, scores, count, model.version, reason, arm=assigned
+            ids, sources, scores, count, model.version, reason, arm=assigned, order=ranked
         )
         if self.served_log is not None and features is not None:
             self.served_log.record(Served(
@@ -212,10 +225,14 @@ class Recommender:
         zero: bool = False,
         degraded: bool = False,
         arm: Assignment | None = None,
+        order: np.ndarray | None = None,
     ) -> tuple[RecommendResponse, np.ndarray]:
-        """The response's top ``count`` items, and their rows in ``ids`` (best first)."""
+        """The response's top ``count`` items, and their rows in ``ids`` (best first);
+        ``order``: those rows, chosen already (by the rerank)."""
         k = min(count, len(ids))
-        if k < len(ids):
+        if order is not None:
+            pass  # the rerank chose them
+        elif k < len(ids):
             top = np.argpartition(-scores, k - 1)[:k]
             order = top[np.argsort(-scores[top], kind="stable")]
         else:

@@ -271,7 +271,7 @@ class ApiSettings(_Section):
 
 class RerankSettings(_Section):
     """What happens between scoring and the top-K: exclusions, demotions, diversity and
-    cold start (``docs/serving.md``, *Rerank and cold start*)."""
+    cold start (``docs/rerank.md``)."""
 
     max_per_creator: int = Field(0, ge=0, le=10_000)
     """Most items of one creator in a response (a greedy pass in score order; 0: no cap).
