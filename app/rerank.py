@@ -27,6 +27,7 @@ served log records too).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,49 +43,88 @@ from feature_store.signals.feedback.base import FeedbackView, UserFeedback
 Scores = npt.NDArray[np.float32]
 
 
+class CreatorCodes:
+    """A small integer per creator for each row of one video table (filled as rows are
+    added), so that a request's creators are one fancy index rather than 500 attribute
+    reads. Rows are never re-used for another creator (a changed creator gets a new
+    row); an emptied table is noticed by its new ``row_of``."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, int] = {}
+        self._codes = np.zeros(0, dtype=np.int64)
+        self._filled = 0
+        self._row_of: object = None
+
+    def code(self, creator: str) -> int | None:
+        return self._of.get(creator)
+
+    def of_rows(self, table: VideoTable, rows: Indices) -> npt.NDArray[np.int64]:
+        if self._row_of is not table.row_of:
+            self.__init__()  # type: ignore[misc]
+            self._row_of = table.row_of
+        size = len(table.videos)
+        if size > self._filled:
+            if size > len(self._codes):
+                grown = np.zeros(max(1024, 2 * size), dtype=np.int64)
+                grown[: self._filled] = self._codes[: self._filled]
+                self._codes = grown
+            of = self._of
+            self._codes[self._filled : size] = [
+                of.setdefault(v.creator_id, len(of)) for v in table.videos[self._filled : size]
+            ]
+            self._filled = size
+        return self._codes[rows]
+
+
 def excluded(
     view: FeedbackView,
     history: Sequence[HistoryEntry],
-    video_ids: Sequence[str],
+    table: VideoTable,
+    rows: Indices,
     exclude_served: bool,
 ) -> npt.NDArray[np.bool_]:
-    """Which candidates the feedback excludes (see the module docstring, step 1)."""
-    drop = np.zeros(len(video_ids), dtype=np.bool_)
-    gone = set(view.disliked)
+    """Which candidates (``rows`` of ``table``) the feedback excludes (module doc, step 1)."""
+    gone = list(view.disliked)
     if exclude_served and view.served:
         engaged = {h.video_id: h.ts for h in history}
-        gone.update(
-            video for video, at in view.served.items() if engaged.get(video, -1) < at
-        )
-    if gone:
-        drop[[i for i, video in enumerate(video_ids) if video in gone]] = True
-    return drop
+        gone += [video for video, at in view.served.items() if engaged.get(video, -1) < at]
+    at = [r for r in map(table.row_of.get, gone) if r is not None]
+    if not at:
+        return np.zeros(len(rows), dtype=np.bool_)
+    return np.isin(rows, at)
 
 
 def creator_demotion(
     view: FeedbackView,
-    creators: Sequence[str],
+    codes: CreatorCodes,
+    creators: npt.NDArray[np.int64],
     now_ms: int,
     penalty: float,
     half_life_s: float,
-) -> npt.NDArray[np.float64]:
-    """Per candidate, the factor its score is multiplied by (1.0: no disliked creator)."""
-    factor = np.ones(len(creators))
-    if not view.disliked_creators or penalty <= 0:
-        return factor
-    for i, creator in enumerate(creators):
-        at = view.disliked_creators.get(creator)
-        if at is not None:
+) -> npt.NDArray[np.float64] | None:
+    """Per candidate (``creators``: their creator codes), the factor its score is
+    multiplied by; None when no candidate's creator was disliked."""
+    factor_of: dict[int, float] = {}
+    for creator, at in view.disliked_creators.items():
+        code = codes.code(creator)
+        if code is not None:
             age_s = max(0.0, (now_ms - at) / 1000.0)
-            factor[i] = 1.0 - penalty * 2.0 ** (-age_s / half_life_s)
+            factor_of[code] = 1.0 - penalty * 2.0 ** (-age_s / half_life_s)
+    if not factor_of or penalty <= 0:
+        return None
+    hit = np.flatnonzero(np.isin(creators, list(factor_of)))
+    if not len(hit):
+        return None
+    factor = np.ones(len(creators))
+    factor[hit] = [factor_of[c] for c in creators[hit].tolist()]
     return factor
 
 
-def capped(ranked: Sequence[int], creators: Sequence[str], count: int, cap: int) -> list[int]:
+def capped(ranked: Sequence[int], creators: Sequence[int], count: int, cap: int) -> list[int]:
     """The first ``count`` of ``ranked`` keeping at most ``cap`` per creator (0: no cap)."""
     if cap <= 0:
         return list(ranked[:count])
-    taken: dict[str, int] = {}
+    taken: dict[int, int] = {}
     out: list[int] = []
     for i in ranked:
         creator = creators[i]
@@ -109,6 +149,14 @@ class Reranker:
         self.settings = settings
         self.feedback = feedback
         self.cold_start = cold_start or ColdStart(settings)
+        self._local = threading.local()
+
+    def _creator_codes(self) -> CreatorCodes:
+        """This thread's creator codes (its video table is this thread's too)."""
+        codes: CreatorCodes | None = getattr(self._local, "codes", None)
+        if codes is None:
+            codes = self._local.codes = CreatorCodes()
+        return codes
 
     def rerank(
         self,
@@ -127,21 +175,24 @@ class Reranker:
         s = self.settings
         view = self.feedback.read(user_id, now_ms)
         served = s.exclude_served if exclude_served is None else exclude_served
-        drop = excluded(view, history, video_ids, served)
+        drop = excluded(view, history, table, rows, served)
         new = self.cold_start.new_videos(table, rows)
         out = scores.astype(np.float64)
         if len(new.positions):
             cold = new.positions[new.engaged == 0]
             out[cold] = np.minimum(out[cold], new.mean[new.engaged == 0])
-        creators: list[str] | None = None
-        if view.disliked_creators or s.max_per_creator:
-            creators = [table.videos[r].creator_id for r in rows.tolist()]
+        creators: list[int] = []
         factor = None
-        if view.disliked_creators and creators is not None:
+        if view.disliked_creators or s.max_per_creator:
+            codes = self._creator_codes()
+            by_row = codes.of_rows(table, rows)
+            creators = by_row.tolist()
             factor = creator_demotion(
-                view, creators, now_ms, s.dislike_creator_penalty, s.dislike_penalty_half_life_s
+                view, codes, by_row, now_ms, s.dislike_creator_penalty,
+                s.dislike_penalty_half_life_s,
             )
-            out *= factor
+            if factor is not None:
+                out *= factor
         slots = self.cold_start.slots(min(count, int((~drop).sum()))) if len(new.positions) else 0
         if not (drop.any() or slots or s.max_per_creator):
             return out.astype(np.float32), None
@@ -151,7 +202,7 @@ class Reranker:
         merit = np.flatnonzero(keep)
         merit = merit[np.argsort(-out[merit], kind="stable")]
         ranked = np.concatenate([explored, merit]).tolist()
-        chosen = capped(ranked, creators or [], count, s.max_per_creator)
+        chosen = capped(ranked, creators, count, s.max_per_creator)
         order = np.asarray(chosen, dtype=np.int64)
         order = order[np.argsort(-out[order], kind="stable")]
         return out.astype(np.float32), order
