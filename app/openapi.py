@@ -10,8 +10,9 @@ document is cached):
   here, with every limit the validators apply that JSON Schema can say (id
   charset and ``limits.max_id_length``, watch-time bounds, tag counts,
   ``api.max_events_per_batch``...). One limit cannot be said: an event's
-  ``ts`` may be at most ``limits.future_tolerance_ms`` ahead of the
-  receiver's clock; such an event is rejected as an item (``ts`` named).
+  ``ts`` (a video's ``uploaded_at``) may be at most
+  ``limits.future_tolerance_ms`` ahead of the receiver's clock; such an item
+  is rejected as an item (``ts`` or ``uploaded_at`` named).
 - **Errors.** Every error answer is one shape, :class:`~app.schemas.ErrorBody`.
   Routes declare the statuses only they can give (``responses=errors(404)``);
   the ones that follow from a route's form are added here: 401 where a key
@@ -133,6 +134,12 @@ def write_schemas(settings: Settings) -> dict[str, dict[str, Any]]:
     video["tags"].update(maxItems=limits.max_tags)
     _as_id(video["tags"]["items"], 64)
     video["duration_ms"].update(maximum=limits.max_watch_ms)
+    video["uploaded_at"].update(
+        description=(
+            "Upload time, ms since the Unix epoch; at most "
+            f"{limits.future_tolerance_ms} ms ahead of the receiver's clock."
+        ),
+    )
     return schemas
 
 

@@ -4,13 +4,16 @@ Normal path: the user's history (one read), candidates (given, or retrieved
 from the sources), then :class:`~app.scoring.scorer.Scorer`: it maps the ids
 to rows of its per-video arrays (reading from the catalog and the counters
 only what it lacks or what changed: :mod:`app.scoring.video_table`), filters
-them there (unknown, hidden, seen, the request's filters), scores, and a top-K.
+them there (unknown, hidden, seen, the request's filters), scores, reranks
+(:mod:`app.rerank`: dislikes and served-without-engagement excluded, cold
+start, creator demotion and diversity) and a top-K.
 A user in a running experiment's arm is scored by that arm's model instead
 (:mod:`app.experiments.arms`); the response and its served-log record name the arm.
 
-Ranking: the items are ordered by :func:`fuse` of the model's probability,
-the two-tower affinity (when the version has towers) and the co-visitation
-count; each item's ``score`` stays the model's probability.
+Ranking: the items are ordered by :func:`fuse` of the model's probability
+(as the rerank left it) and :func:`ranking_bonus`: the two-tower affinity
+(when the version has towers) and the co-visitation count; each item's
+``score`` stays the (reranked) probability.
 
 Fallbacks (``fallback: true`` in the response, counted by reason):
 
@@ -41,6 +44,7 @@ from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
 from app.experiments.arms import ArmModels, Assignment
 from app.metrics import Metrics
+from app.rerank import Reranker
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
 from app.scoring.scorer import Scorer
@@ -57,28 +61,35 @@ PoolObserver = Callable[[str, Sequence[str], Sequence[str]], None]
 filtering, before scoring (the evaluation measures the pool against the ranking)."""
 
 
-def fuse(
-    scores: np.ndarray,
+def ranking_bonus(
+    size: int,
     affinity: np.ndarray | None,
     covisits: np.ndarray | None,
     retrieval_weight: float,
     covisit_weight: float,
 ) -> np.ndarray:
-    """The ranking score: ``log p + retrieval_weight * (affinity - max affinity)
-    + covisit_weight * log1p(covisit count)``.
+    """What the ranking adds to ``log p``: ``retrieval_weight * (affinity - max
+    affinity) + covisit_weight * log1p(covisit count)``, per candidate.
 
-    ``scores`` is the model's probability of a positive outcome (whatever the
-    scorer fuses into one); ``affinity`` the cosine of user and video vectors
-    (None: no towers); ``covisits`` how often each candidate was co-watched with
-    the user's recent watches (None: none known). Subtracting the best affinity
-    keeps the term at most 0, so it only reorders within the request.
+    ``affinity`` is the cosine of user and video vectors (None: no towers);
+    ``covisits`` how often each candidate was co-watched with the user's recent
+    watches (None: none known). Subtracting the best affinity keeps the term at
+    most 0, so it only reorders within the request.
     """
-    fused = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0))
+    bonus = np.zeros(size)
     if affinity is not None and len(affinity) and retrieval_weight:
-        fused += retrieval_weight * (affinity - affinity.max())
+        bonus += retrieval_weight * (affinity - affinity.max())
     if covisits is not None and covisit_weight:
-        fused += covisit_weight * np.log1p(covisits)
-    return fused
+        bonus += covisit_weight * np.log1p(covisits)
+    return bonus
+
+
+def fuse(scores: np.ndarray, bonus: np.ndarray | None = None) -> np.ndarray:
+    """The ranking score: ``log p + bonus`` (:func:`ranking_bonus`); ``scores`` is
+    the model's probability of a positive outcome (whatever the scorer fuses
+    into one, and the rerank adjusts)."""
+    fused = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0))
+    return fused if bonus is None else fused + bonus
 
 
 BACKEND_ERRORS = (BackendUnavailable, redis.RedisError, ConnectionError, TimeoutError)
@@ -132,6 +143,7 @@ class Recommender:
         served_log: ServedLogWriter | None = None,
         arms: ArmModels | None = None,
         pool_observer: PoolObserver | None = None,
+        rerank: Reranker | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -149,6 +161,9 @@ class Recommender:
         """The running experiment's arms (None: experiments off)."""
         self.pool_observer = pool_observer
         """Sees each model-ranked request's candidate pool (None: nobody)."""
+        self.rerank = rerank
+        """Exclusions, cold start, demotion and diversity before the top-K (None: plain
+        top-K by the ranking)."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""
@@ -246,16 +261,23 @@ class Recommender:
             assigned.fusion if assigned is not None else None,
         )
         counts = dict(covisits)
-        ranking = fuse(
-            scores,
+        bonus = ranking_bonus(
+            len(ids),
             towers.affinity(vector, ids) if towers is not None and vector is not None else None,
             np.fromiter((counts.get(v, 0.0) for v in ids), np.float64, len(ids))
             if counts else None,
             self.settings.retrieval_weight,
             self.settings.covisit_weight,
         )
+        ranked = None
+        if self.rerank is not None and len(ids):
+            scores, ranked = self.rerank.rerank(
+                request.user_id, now_ms, history, request.exclude_served, ids,
+                self.scorer.extractor.table, rows, scores, count, bonus,
+            )
         response, order = self._respond(
-            ids, sources, scores, count, model.version, reason, arm=assigned, ranking=ranking
+            ids, sources, scores, count, model.version, reason, arm=assigned,
+            ranking=fuse(scores, bonus), order=ranked,
         )
         if self.served_log is not None and features is not None:
             self.served_log.record(Served(
@@ -277,12 +299,16 @@ class Recommender:
         degraded: bool = False,
         arm: Assignment | None = None,
         ranking: np.ndarray | None = None,
+        order: np.ndarray | None = None,
     ) -> tuple[RecommendResponse, np.ndarray]:
         """The response's top ``count`` items by ``ranking`` (default: ``scores``), and
-        their rows in ``ids`` (best first); each item's score is its ``scores`` value."""
+        their rows in ``ids`` (best first); each item's score is its ``scores`` value.
+        ``order``: those rows, chosen already (by the rerank)."""
         rank = scores if ranking is None else ranking
         k = min(count, len(ids))
-        if k < len(ids):
+        if order is not None:
+            pass  # the rerank chose them
+        elif k < len(ids):
             top = np.argpartition(-rank, k - 1)[:k]
             order = top[np.argsort(-rank[top], kind="stable")]
         else:

@@ -57,6 +57,9 @@ class RecommendRequest(_Request):
     context: EventContext = EventContext()
     exclude_seen: bool = True
     """Drop videos in the user's recent history."""
+    exclude_served: bool | None = None
+    """Drop videos served to the user within ``rerank.served_window_s`` that got no
+    engagement (None: the ``rerank.exclude_served`` setting)."""
     filters: Filters = Filters()
 
 

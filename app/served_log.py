@@ -30,6 +30,7 @@ from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.features.values import FeatureValues, ValueLayout
 from feature_store.served import ServedArm, ServedItem, ServedRecord
 from feature_store.settings import ServedLogSettings
+from feature_store.signals.feedback.base import ServedBatch, UserFeedback
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,12 @@ class ServedLogWriter:
         settings: ServedLogSettings,
         layout: ValueLayout,
         metrics: Metrics,
+        feedback: UserFeedback | None = None,
     ) -> None:
         self.log = served_log
+        self.feedback = feedback
+        """Where each response's items are noted as served (:mod:`app.rerank`'s
+        ``exclude_served`` reads them); None: nowhere."""
         self.max_items = settings.max_items
         self.layout = layout
         self.schema_hash = layout.schema.schema_hash()
@@ -112,6 +117,7 @@ class ServedLogWriter:
             self._write(pending)
 
     def _write(self, pending: list[Served]) -> None:
+        self._note_served(pending)
         try:
             records = [self.to_record(served) for served in pending]
             self.log.produce(records)
@@ -123,6 +129,21 @@ class ServedLogWriter:
                 log.warning("served log: %d records not written: %r", len(pending), exc)
             return
         self.outcomes.labels("written").inc(len(records))
+
+    def _note_served(self, pending: list[Served]) -> None:
+        """Tell the feedback store what was served (every item of each response)."""
+        if self.feedback is None:
+            return
+        try:
+            self.feedback.record_served([
+                ServedBatch(s.user_id, s.ts_ms, [s.video_ids[r] for r in s.order.tolist()])
+                for s in pending
+            ])
+        except Exception as exc:  # exclusion is best effort: the log still gets its records
+            now = time.monotonic()
+            if now - self._last_warning > 10.0:
+                self._last_warning = now
+                log.warning("served log: %d responses not noted as served: %r", len(pending), exc)
 
     def to_record(self, served: Served) -> ServedRecord:
         """The record of ``served``: its top ``max_items`` items and their packed values."""

@@ -22,6 +22,7 @@ from app.experiments.checkpoints import FeedCheckpoints, open_checkpoints
 from app.experiments.feed import ExperimentFeed, run_experiment_feed
 from app.metrics import Metrics
 from app.recommender import PopularList, PopularRefresher, Recommender
+from app.rerank import Reranker
 from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder, ModelLoadError, load_model
 from app.scoring.scorer import Scorer
@@ -35,6 +36,7 @@ from feature_store.experiments import ExperimentSpec, ExperimentStore
 from feature_store.features.values import layout_of
 from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
+from feature_store.signals.feedback import attach_feedback
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     if tracing.enabled():  # spans per recommend stage (nothing wrapped when off)
         metrics.observe_stage = tracing.stage_observer(metrics.observe_stage)  # type: ignore[method-assign,assignment]
     signals = attach_signals(resources)
+    feedback = attach_feedback(resources)
     reads = CachedReads(
         resources.catalog,
         resources.tables,
@@ -148,7 +151,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     popular = PopularList(retriever, api.max_candidates, api.fallback_refresh_s)
     served_log = (
         ServedLogWriter(
-            resources.served_log, settings.served_log, layout_of(resources.schema), metrics
+            resources.served_log, settings.served_log, layout_of(resources.schema), metrics,
+            feedback,
         )
         if resources.served_log is not None
         else None
@@ -164,6 +168,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         settings.limits.max_id_length,
         served_log=served_log,
         arms=arms,
+        rerank=Reranker(settings.rerank, feedback),
     )
     service = Service(
         resources=resources,

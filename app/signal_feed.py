@@ -1,4 +1,4 @@
-"""The signal feed: keeps trending and co-visitation current from the event log.
+"""The signal feed: keeps trending, co-visitation and users' feedback current from the event log.
 
 A consumer in its own group (``{namespace}-signals``) reads every event,
 looks up the users' recent histories (one round trip) and calls
@@ -8,6 +8,11 @@ the group splits partitions among the serving processes, so each event is
 recorded once (at least once across a crash: a replayed batch adds its counts
 again, which trending and co-visitation tolerate). Independent of the
 trainer, so candidate freshness does not wait for training steps.
+
+The same pass keeps the users' feedback
+(:mod:`feature_store.signals.feedback`): an engagement clears the video
+from the user's served-without-engagement set, a dislike is noted with the
+video's creator (one catalog read per batch holding dislikes).
 
 Disable with ``api.signal_feed = false`` where another process records the
 signals. A failing backend is logged and retried after a pause; the feed
@@ -32,8 +37,10 @@ from pathlib import Path
 
 from feature_store.errors import VidrecError
 from feature_store.eventlog.base import EventConsumer
+from feature_store.events import EventType
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
+from feature_store.signals.feedback import MemoryFeedback, attach_feedback
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,8 @@ class SignalFeed:
     def __init__(self, resources: Resources, signals: CandidateSignals) -> None:
         self.resources = resources
         self.signals = signals
+        self.feedback = attach_feedback(resources)
+        """Per-user feedback: engagements clear served entries, dislikes are noted."""
         self.recorded = 0
         """Events recorded since start."""
         self.last_error: str | None = None
@@ -100,6 +109,10 @@ class SignalFeed:
             users = list(dict.fromkeys(e.user_id for e in events))
             histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
             self.signals.record(events, histories)
+            disliked = list({e.video_id for e in events if e.type == EventType.DISLIKE})
+            videos = self.resources.catalog.get_many(disliked) if disliked else []
+            creators = {v.video_id: v.creator_id for v in videos if v is not None}
+            self.feedback.record_events(events, creators)
             self.recorded += len(events)
         if records or consumer.dead_lettered != dead_before:  # past bad records too
             self._uncommitted = True
@@ -114,6 +127,8 @@ class SignalFeed:
             if not final and time.monotonic() < self._next_snapshot:
                 return
             self.signals.snapshot(self._snapshot_dir)
+            if isinstance(self.feedback, MemoryFeedback) and self.feedback.snapshot_dir:
+                self.feedback.snapshot(self.feedback.snapshot_dir)
             self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         consumer.commit()
         self._uncommitted = False

@@ -119,3 +119,13 @@ COVISIT = f"{REDIS_ROOT}:sig:covis:"
 """Sorted set of a video's co-visited neighbours: ``{COVISIT}{video_id}``."""
 CREATOR_VIDEOS = f"{REDIS_ROOT}:sig:creator:"
 """A creator's visible uploads by ``uploaded_at``: sorted set ``{CREATOR_VIDEOS}{creator_id}``."""
+
+# --- per-user feedback (feature_store.signals.feedback) -------------------
+FEEDBACK_SERVED = f"{REDIS_ROOT}:sig:served:"
+"""Videos served to a user and not engaged with, scored by when they were served (ms):
+sorted set ``{FEEDBACK_SERVED}{user_id}``."""
+FEEDBACK_DISLIKED = f"{REDIS_ROOT}:sig:disliked:"
+"""Videos a user disliked, scored by the dislike's time (ms): ``{FEEDBACK_DISLIKED}{user_id}``."""
+FEEDBACK_DISLIKED_CREATORS = f"{REDIS_ROOT}:sig:dislikedc:"
+"""Creators of videos a user disliked, scored by the latest such dislike (ms):
+``{FEEDBACK_DISLIKED_CREATORS}{user_id}``."""

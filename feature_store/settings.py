@@ -330,6 +330,52 @@ class RetrievalSettings(_Section):
     occurrences (Yi et al. 2019): higher follows popularity changes faster, noisier."""
 
 
+class RerankSettings(_Section):
+    """What happens between scoring and the top-K: exclusions, demotions, diversity and
+    cold start (``docs/rerank.md``)."""
+
+    max_per_creator: int = Field(0, ge=0, le=10_000)
+    """Most items of one creator in a response (a greedy pass in score order; 0: no cap).
+    Off by default: a catalog with few creators would get short responses (the cap is strict,
+    the response holds fewer items rather than break it)."""
+    exclude_served: bool = False
+    """Default of the request's ``exclude_served``: drop videos served to the user within
+    ``served_window_s`` that got no engagement. Off by default so that a client asking twice
+    in a row (a refresh, a test) gets the same page; feeds that page on should turn it on."""
+    served_window_s: float = Field(3600.0, gt=0, le=30 * 24 * 3600)
+    """Seconds (of the request's clock) a served-without-engagement video stays excluded;
+    the stored entries expire after it, so the store holds at most one window per user."""
+    served_max_per_user: int = Field(500, ge=1, le=100_000)
+    """Served-without-engagement videos kept per user (newest kept): bounds the store at
+    about 40 bytes each per active user."""
+    dislikes_max_per_user: int = Field(1000, ge=1, le=100_000)
+    """Disliked videos (and disliked creators) kept per user, newest kept. A disliked video
+    never comes back while it is among them."""
+    dislikes_ttl_s: float = Field(365 * 24 * 3600, gt=0)
+    """Seconds a user's dislikes are kept after their latest one (Redis expiry; a year)."""
+    dislike_creator_penalty: float = Field(0.5, ge=0, le=1)
+    """Fraction of the score taken from a video whose creator the user disliked, right after
+    the dislike: the score is multiplied by ``1 - penalty * 2**(-age / half_life)``, so the
+    demotion is bounded (never below ``1 - penalty``) and fades."""
+    dislike_penalty_half_life_s: float = Field(7 * 24 * 3600, gt=0)
+    """Half-life of the creator demotion, seconds since the user's latest dislike of it."""
+    new_video_impressions: int = Field(20, ge=1, le=100_000)
+    """A video shown fewer times than this is *new*: its score is capped by its calibrated
+    prior and it may take an exploration slot. Exposure counts impressions, or engaged
+    views where clients log no impressions."""
+    exploration_budget: float = Field(0.1, ge=0, le=1)
+    """Share of a response's slots spent on new videos chosen by Thompson sampling (a
+    fraction of ``count``, rounded at random so the average is exact; 0: no exploration)."""
+    prior_strength: float = Field(10.0, gt=0)
+    """Pseudo-impressions of a new video's Beta prior (at its category's rate): how many
+    real impressions it takes for the video's own engagement to weigh as much as the prior."""
+    category_shrinkage: float = Field(100.0, ge=0)
+    """Pseudo-impressions shrinking a category's new-video rate toward the global one, so a
+    category with few young videos gets nearly the global rate."""
+    prior_refresh_s: float = Field(10.0, gt=0)
+    """Seconds between re-estimates of the new-video rates from the counters serving holds."""
+
+
 class DashboardSettings(_Section):
     """The operators' page at ``/dashboard`` (``app.dashboard``).
 
@@ -583,6 +629,7 @@ class Settings(BaseSettings):
     trainer: TrainerSettings = TrainerSettings()
     retrieval: RetrievalSettings = RetrievalSettings()
     api: ApiSettings = ApiSettings()
+    rerank: RerankSettings = RerankSettings()
     dashboard: DashboardSettings = DashboardSettings()
     experiments: ExperimentSettings = ExperimentSettings()
     tracing: TracingSettings = TracingSettings()

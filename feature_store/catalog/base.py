@@ -6,6 +6,7 @@ snapshotted to disk) and ``redis`` backends sit beside this file.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -36,9 +37,14 @@ class Video(BaseModel):
     """Hidden videos are never recommended (takedowns, privacy, quality)."""
 
 
-def validate_video(data: object, limits: EventLimits) -> Video:
+def validate_video(data: object, limits: EventLimits, now_ms: int | None = None) -> Video:
     """Validate one decoded JSON catalog record, strictly (as :meth:`EventValidator.parse_obj`),
-    against the limits; raises :class:`InvalidInput`."""
+    against the limits; raises :class:`InvalidInput`.
+
+    ``uploaded_at`` may lie at most ``limits.future_tolerance_ms`` after ``now_ms`` (the
+    receiver's clock by default), as an event's ``ts``: a future upload would be "fresh"
+    for as long as it stays in the future and would get a cold-start prior it never earned.
+    """
     if not isinstance(data, dict):
         raise InvalidInput("body", "a video must be a JSON object")
     try:
@@ -54,6 +60,12 @@ def validate_video(data: object, limits: EventLimits) -> Video:
         check_id(f"tags.{i}", tag, 64)
     if video.duration_ms > limits.max_watch_ms:
         raise InvalidInput("duration_ms", f"must be at most {limits.max_watch_ms}")
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    if video.uploaded_at > now + limits.future_tolerance_ms:
+        raise InvalidInput(
+            "uploaded_at",
+            f"{video.uploaded_at} is more than {limits.future_tolerance_ms} ms in the future",
+        )
     return video
 
 

@@ -3,10 +3,11 @@
 Two facts of the API that JSON Schema cannot say, told to the generator and
 to the checks, and nothing else:
 
-- An event's ``ts`` may be at most ``limits.future_tolerance_ms`` ahead of the
-  receiver's clock. :func:`map_body` moves a generated ``ts`` that lies in the
-  future into the past, so that a schema-valid event stays valid when it
-  arrives (a ``ts`` that is invalid by the schema is left as generated).
+- An event's ``ts`` and a video's ``uploaded_at`` may be at most
+  ``limits.future_tolerance_ms`` ahead of the receiver's clock. :func:`map_body`
+  moves a generated time that lies in the future into the past, so that a
+  schema-valid item stays valid when it arrives (a time that is invalid by
+  the schema is left as generated).
 - A batch write keeps its valid items and reports the rest (200 when one was
   kept). A batch with an invalid item is schema-violating, so the
   ``negative_data_rejection`` check expects a 4xx; :func:`filter_failure`
@@ -29,18 +30,26 @@ BATCHES = {("POST", "/v1/events"): ("events", "Event"), ("PUT", "/v1/videos"): (
 """Batch writes: the body's list and the component of its items."""
 
 
+TIMES = {("POST", "/v1/events"): ("events", "ts"), ("PUT", "/v1/videos"): ("videos", "uploaded_at")}
+"""Batch writes whose items carry a time that may not lie in the future: (list, field)."""
+
+
 @schemathesis.hook
 def map_body(context: Any, body: Any) -> Any:
     operation = context.operation
-    if operation is None or (operation.method.upper(), operation.path) != ("POST", "/v1/events"):
+    if operation is None:
         return body
-    events = body.get("events") if isinstance(body, dict) else None
+    found = TIMES.get((operation.method.upper(), operation.path))
+    if found is None:
+        return body
+    field, name = found
+    items = body.get(field) if isinstance(body, dict) else None
     now = int(time.time() * 1000)
-    for event in events if isinstance(events, list) else []:
-        ts = event.get("ts") if isinstance(event, dict) else None
+    for item in items if isinstance(items, list) else []:
+        ts = item.get(name) if isinstance(item, dict) else None
         # An integer by the schema (5.0 too) that lies in the future.
         if isinstance(ts, int | float) and not isinstance(ts, bool) and ts == int(ts) > now:
-            event["ts"] = now - int(ts) % 10**9  # 0 to 11.6 days ago
+            item[name] = now - int(ts) % 10**9  # 0 to 11.6 days ago
     return body
 
 

@@ -202,6 +202,22 @@ def test_bad_video_batch_keeps_good_videos(client: TestClient) -> None:
     assert client.get("/v1/videos/no1").status_code == 404
 
 
+def test_an_upload_in_the_future_is_422_naming_uploaded_at(client: TestClient) -> None:
+    tolerance = service_of(client).resources.settings.limits.future_tolerance_ms
+    ahead = int(time.time() * 1000) + tolerance + 60_000
+    response = client.put(
+        "/v1/videos", json={"videos": [{**video_json(video_id="later"), "uploaded_at": ahead}]},
+        headers=KEY,
+    )
+    assert response.status_code == 422
+    error = response.json()["errors"][0]
+    assert error["field"] == "uploaded_at" and "future" in error["message"]
+    assert client.get("/v1/videos/later").status_code == 404
+    # Within the clock skew allowed for event timestamps, it is accepted.
+    skewed = int(time.time() * 1000) + tolerance - 60_000
+    put_videos(client, [{**video_json(video_id="skewed"), "uploaded_at": skewed}])
+
+
 # --- recommend ----------------------------------------------------------------
 
 

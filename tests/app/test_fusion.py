@@ -191,6 +191,7 @@ def test_an_arm_with_its_own_weights_is_scored_with_them(tmp_path: Path) -> None
         candidates = [v.video_id for v in VIDEOS]
         model = service.model
         service.recommender.clock = lambda: 1_700_000_000.0  # features as the test computes
+        service.recommender.rerank = None  # the raw fused scores: no cold-start cap
         seen = set()
         for i in range(30):
             user = f"user{i}"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.recommender import fuse
+from app.recommender import fuse, ranking_bonus
 from app.scoring.retrieval import VideoIndex
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
@@ -160,16 +160,19 @@ def test_fuse_adds_affinity_and_covisits_to_log_p() -> None:
     p = np.array([0.5, 0.5, 0.2], np.float32)
     affinity = np.array([0.9, 0.1, 0.9], np.float32)
     counts = np.array([0.0, 0.0, 3.0])
-    fused = fuse(p, affinity, counts, 0.5, 1.0)
+    fused = fuse(p, ranking_bonus(3, affinity, counts, 0.5, 1.0))
     np.testing.assert_allclose(
         fused, np.log(p) + 0.5 * (affinity - 0.9) + np.log1p(counts), rtol=1e-6
     )
     assert list(np.argsort(-fused)) == [2, 0, 1]
-    np.testing.assert_allclose(fuse(p, None, None, 0.5, 1.0), np.log(p), rtol=1e-6)
+    np.testing.assert_allclose(
+        fuse(p, ranking_bonus(3, None, None, 0.5, 1.0)), np.log(p), rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("weight", [0.0])
 def test_zero_weights_rank_by_the_model(weight: float) -> None:
     p = np.array([0.1, 0.3, 0.2], np.float32)
-    fused = fuse(p, np.array([1.0, -1.0, 0.0]), np.array([9.0, 0.0, 0.0]), weight, weight)
+    bonus = ranking_bonus(3, np.array([1.0, -1.0, 0.0]), np.array([9.0, 0.0, 0.0]), weight, weight)
+    fused = fuse(p, bonus)
     assert list(np.argsort(-fused)) == [1, 2, 0]

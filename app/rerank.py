@@ -1,0 +1,231 @@
+"""Rerank: between the model's scores and the top-K (``docs/rerank.md``).
+
+One call per model-ranked request (:meth:`Reranker.rerank`), after scoring:
+
+1. **Exclusions**, from the user's feedback (one read of
+   :mod:`feature_store.signals.feedback`): videos the user disliked never
+   come back; with ``exclude_served`` (the request's flag, default
+   ``rerank.exclude_served``), videos served to the user within
+   ``rerank.served_window_s`` that got no engagement are dropped too (an
+   entry whose video the user's history holds at or after the served time
+   counts as engaged, whatever order the two arrived in).
+2. **Cold start** (:mod:`app.cold_start`): a new video without engagement
+   has its score capped by its calibrated posterior mean.
+3. **Creator demotion**: a video whose creator the user disliked has its
+   score multiplied by ``1 - penalty * 2**(-age / half_life)`` (age since the
+   user's latest dislike of that creator): bounded, and fading.
+4. **Exploration**: ``rerank.exploration_budget`` of the slots go to new
+   videos picked by a Thompson draw from their posteriors (placed in the
+   page by their score, like every item).
+5. **Diversity**: a greedy pass in score order keeps at most
+   ``rerank.max_per_creator`` videos of one creator (0: no cap). The cap is
+   strict: a response may hold fewer items than asked rather than break it.
+
+The items keep score order; their scores are the reranked ones (what the
+served log records too).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from app.cold_start import ColdStart, NewVideos
+from app.scoring.video_table import VideoTable
+from feature_store.activity.base import HistoryEntry
+from feature_store.features.extract import Indices
+from feature_store.settings import RerankSettings
+from feature_store.signals.feedback.base import FeedbackView, UserFeedback
+
+Scores = npt.NDArray[np.float32]
+
+
+class CreatorCodes:
+    """A small integer per creator for each row of one video table (filled as rows are
+    added), so that a request's creators are one fancy index rather than 500 attribute
+    reads. Rows are never re-used for another creator (a changed creator gets a new
+    row); an emptied table is noticed by its new ``row_of``."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, int] = {}
+        self._codes = np.zeros(0, dtype=np.int64)
+        self._filled = 0
+        self._row_of: object = None
+
+    def code(self, creator: str) -> int | None:
+        return self._of.get(creator)
+
+    def of_rows(self, table: VideoTable, rows: Indices) -> npt.NDArray[np.int64]:
+        if self._row_of is not table.row_of:
+            self.__init__()  # type: ignore[misc]
+            self._row_of = table.row_of
+        size = len(table.videos)
+        if size > self._filled:
+            if size > len(self._codes):
+                grown = np.zeros(max(1024, 2 * size), dtype=np.int64)
+                grown[: self._filled] = self._codes[: self._filled]
+                self._codes = grown
+            of = self._of
+            self._codes[self._filled : size] = [
+                of.setdefault(v.creator_id, len(of)) for v in table.videos[self._filled : size]
+            ]
+            self._filled = size
+        return self._codes[rows]
+
+
+def excluded(
+    view: FeedbackView,
+    history: Sequence[HistoryEntry],
+    table: VideoTable,
+    rows: Indices,
+    exclude_served: bool,
+) -> npt.NDArray[np.bool_]:
+    """Which candidates (``rows`` of ``table``) the feedback excludes (module doc, step 1)."""
+    gone = list(view.disliked)
+    if exclude_served and view.served:
+        engaged = {h.video_id: h.ts for h in history}
+        gone += [video for video, at in view.served.items() if engaged.get(video, -1) < at]
+    at = [r for r in map(table.row_of.get, gone) if r is not None]
+    if not at:
+        return np.zeros(len(rows), dtype=np.bool_)
+    return np.isin(rows, at)
+
+
+def creator_demotion(
+    view: FeedbackView,
+    codes: CreatorCodes,
+    creators: npt.NDArray[np.int64],
+    now_ms: int,
+    penalty: float,
+    half_life_s: float,
+) -> npt.NDArray[np.float64] | None:
+    """Per candidate (``creators``: their creator codes), the factor its score is
+    multiplied by; None when no candidate's creator was disliked."""
+    factor_of: dict[int, float] = {}
+    for creator, at in view.disliked_creators.items():
+        code = codes.code(creator)
+        if code is not None:
+            age_s = max(0.0, (now_ms - at) / 1000.0)
+            factor_of[code] = 1.0 - penalty * 2.0 ** (-age_s / half_life_s)
+    if not factor_of or penalty <= 0:
+        return None
+    hit = np.flatnonzero(np.isin(creators, list(factor_of)))
+    if not len(hit):
+        return None
+    factor = np.ones(len(creators))
+    factor[hit] = [factor_of[c] for c in creators[hit].tolist()]
+    return factor
+
+
+def capped(ranked: Sequence[int], creators: Sequence[int], count: int, cap: int) -> list[int]:
+    """The first ``count`` of ``ranked`` keeping at most ``cap`` per creator (0: no cap)."""
+    if cap <= 0:
+        return list(ranked[:count])
+    taken: dict[int, int] = {}
+    out: list[int] = []
+    for i in ranked:
+        creator = creators[i]
+        if taken.get(creator, 0) >= cap:
+            continue
+        taken[creator] = taken.get(creator, 0) + 1
+        out.append(i)
+        if len(out) == count:
+            break
+    return out
+
+
+class Reranker:
+    """Applies the steps of the module docstring. Thread-safe."""
+
+    def __init__(
+        self,
+        settings: RerankSettings,
+        feedback: UserFeedback,
+        cold_start: ColdStart | None = None,
+    ) -> None:
+        self.settings = settings
+        self.feedback = feedback
+        self.cold_start = cold_start or ColdStart(settings)
+        self._local = threading.local()
+
+    def _creator_codes(self) -> CreatorCodes:
+        """This thread's creator codes (its video table is this thread's too)."""
+        codes: CreatorCodes | None = getattr(self._local, "codes", None)
+        if codes is None:
+            codes = self._local.codes = CreatorCodes()
+        return codes
+
+    def rerank(
+        self,
+        user_id: str,
+        now_ms: int,
+        history: Sequence[HistoryEntry],
+        exclude_served: bool | None,
+        video_ids: Sequence[str],
+        table: VideoTable,
+        rows: Indices,
+        scores: Scores,
+        count: int,
+        bonus: npt.NDArray[np.float64] | None = None,
+    ) -> tuple[Scores, Indices | None]:
+        """Reranked scores, and the response's rows in ``video_ids`` best first (None: the
+        plain top ``count`` by the ranking of the scores returned, nothing was excluded or
+        capped). ``bonus``: what the ranking adds to the log of a score
+        (:func:`app.recommender.ranking_bonus`); merit is ``log score + bonus``."""
+        s = self.settings
+        view = self.feedback.read(user_id, now_ms)
+        served = s.exclude_served if exclude_served is None else exclude_served
+        drop = excluded(view, history, table, rows, served)
+        new = self.cold_start.new_videos(table, rows)
+        out = scores.astype(np.float64)
+        if len(new.positions):
+            cold = new.positions[new.engaged == 0]
+            out[cold] = np.minimum(out[cold], new.mean[new.engaged == 0])
+        creators: list[int] = []
+        factor = None
+        if view.disliked_creators or s.max_per_creator:
+            codes = self._creator_codes()
+            by_row = codes.of_rows(table, rows)
+            creators = by_row.tolist()
+            factor = creator_demotion(
+                view, codes, by_row, now_ms, s.dislike_creator_penalty,
+                s.dislike_penalty_half_life_s,
+            )
+            if factor is not None:
+                out *= factor
+        slots = self.cold_start.slots(min(count, int((~drop).sum()))) if len(new.positions) else 0
+        if not (drop.any() or slots or s.max_per_creator):
+            return out.astype(np.float32), None
+        explored = self._explore(new, drop, slots, factor)
+        keep = ~drop
+        keep[explored] = False
+        rank = out if bonus is None else np.log(np.clip(out, 1e-9, 1.0)) + bonus
+        merit = np.flatnonzero(keep)
+        merit = merit[np.argsort(-rank[merit], kind="stable")]
+        ranked = np.concatenate([explored, merit]).tolist()
+        chosen = capped(ranked, creators, count, s.max_per_creator)
+        order = np.asarray(chosen, dtype=np.int64)
+        order = order[np.argsort(-rank[order], kind="stable")]
+        return out.astype(np.float32), order
+
+    def _explore(
+        self,
+        new: NewVideos,
+        drop: npt.NDArray[np.bool_],
+        slots: int,
+        factor: npt.NDArray[np.float64] | None,
+    ) -> Indices:
+        """Positions of the new videos that win the exploration slots, best draw first
+        (draws demoted like any score)."""
+        if not slots or not len(new.positions):
+            return np.zeros(0, dtype=np.int64)
+        draws = self.cold_start.draw(new)
+        if factor is not None:
+            draws = draws * factor[new.positions]
+        draws[drop[new.positions]] = -np.inf
+        best = np.argsort(-draws, kind="stable")[:slots]
+        best = best[np.isfinite(draws[best])]
+        return new.positions[best].astype(np.int64)

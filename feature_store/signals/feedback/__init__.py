@@ -1,0 +1,33 @@
+"""Per-user feedback for reranking: served without engagement, and dislikes."""
+
+from feature_store.signals.feedback.base import (
+    EMPTY_VIEW,
+    ENGAGEMENTS,
+    FeedbackParams,
+    FeedbackView,
+    ServedBatch,
+    UserFeedback,
+)
+from feature_store.signals.feedback.factory import (
+    FEEDBACK_EXTRA,
+    attach_feedback,
+    feedback_params,
+    open_feedback,
+)
+from feature_store.signals.feedback.memory import MemoryFeedback
+from feature_store.signals.feedback.redis import RedisFeedback
+
+__all__ = [
+    "EMPTY_VIEW",
+    "ENGAGEMENTS",
+    "FEEDBACK_EXTRA",
+    "FeedbackParams",
+    "FeedbackView",
+    "MemoryFeedback",
+    "RedisFeedback",
+    "ServedBatch",
+    "UserFeedback",
+    "attach_feedback",
+    "feedback_params",
+    "open_feedback",
+]
