@@ -122,20 +122,26 @@ class LiveIndex:
 
     # -- changing ----------------------------------------------------------------------
 
-    def publish(self, ids: Sequence[str], vectors: Any, version: str | None = None) -> bool:
+    def publish(
+        self, ids: Sequence[str], vectors: Any, version: str | None = None, *, wait: bool = False
+    ) -> bool:
         """A new version's vectors: build from them in the background and swap (the
-        current index keeps serving until then). Returns False when ``version`` is the
-        one already served or being built. Raises :class:`InvalidInput` on bad vectors."""
+        current index keeps serving until then). ``wait``: return once it is swapped in
+        (a model loader that must not serve a new user tower against old video vectors).
+        Returns False when ``version`` is the one already served (e.g. restored at start)
+        or already asked for. Raises :class:`InvalidInput` on bad vectors."""
         array = check_vectors(ids, vectors)
         with self._lock:
             index = self._index
             if version is not None and index is not None and index.version == version:
                 return False
-            if isinstance(self._wanted, tuple) and version is not None:
-                if self._wanted[2] == version:
-                    return False
-            self._request((list(ids), array, version))
-        return True
+            wanted = self._wanted
+            asked = version is not None and isinstance(wanted, tuple) and wanted[2] == version
+            if not asked:
+                self._request((list(ids), array, version))
+        if wait:
+            self.wait()
+        return not asked
 
     def upsert(self, ids: Sequence[str], vectors: Any) -> None:
         """New or changed vectors, searchable at once; a video upserted after a remove is

@@ -225,8 +225,7 @@ def test_live_index_publishes_rebuilds_and_restores(data, queries, tmp_path: Pat
         live.remove(hidden)
         hidden_everywhere(live, hidden, queries)
         # A new version that still carries the hidden videos does not bring them back.
-        assert live.publish(ids, vectors * 1.0, version="r2")
-        assert live.wait(60)
+        assert live.publish(ids, vectors * 1.0, version="r2", wait=True)
         assert live.status()["version"] == "r2" and live.status()["size"] == N - 3
         hidden_everywhere(live, hidden, queries)
         before = live.search(queries[1], 100)
