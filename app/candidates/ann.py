@@ -130,7 +130,12 @@ def _top(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 class VideoIndex:
-    """Inner-product nearest neighbours of a query among video vectors (module doc)."""
+    """Inner-product nearest neighbours of a query among video vectors (module doc).
+
+    Searches may run on any number of threads at once; changes (``upsert``,
+    ``remove``) must come one at a time (:class:`~app.candidates.ann_rebuild.LiveIndex`
+    serialises them), since each reads the state it replaces.
+    """
 
     def __init__(
         self,
