@@ -176,13 +176,14 @@ class VideoIndex:
         cls,
         ids: Sequence[str],
         vectors: Any,
-        settings: AnnSettings,
+        settings: AnnSettings | None = None,
         *,
         version: str | None = None,
         built_at: float | None = None,
     ) -> VideoIndex:
         """An index over ``vectors`` (row i is video ``ids[i]``); the same input (in any
-        order) and settings give the identical index."""
+        order) and settings (default: ``AnnSettings()``) give the identical index."""
+        settings = settings or AnnSettings()
         array = check_vectors(ids, vectors)
         order = np.argsort(np.asarray(ids, dtype=str), kind="stable")
         sorted_ids = np.asarray(ids, dtype=str)[order]
@@ -316,6 +317,25 @@ class VideoIndex:
         scores, rows = self._faiss_index.search(q[None, :], k, params=params)
         found = rows[0] >= 0
         return self.ids[rows[0][found]].tolist(), scores[0][found]
+
+    def vectors_of(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``(len(ids), dim)`` float32 vectors of ``ids`` (zeros where unknown or removed)
+        and the bool mask of the ids that have one (affinity of given candidates)."""
+        state = self._state
+        rows = np.fromiter((self._pos.get(v, -1) for v in ids), np.int64, len(ids))
+        known = rows >= 0
+        rows = np.maximum(rows, 0)
+        if len(self.ids):
+            known &= state.alive[rows]
+            out = np.where(known[:, None], self.vectors[rows], np.float32(0))
+        else:
+            out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        if state.pending_ids:
+            for i, video_id in enumerate(ids):
+                p = state.pending_pos.get(video_id)
+                if p is not None:
+                    out[i], known[i] = state.pending[p], True
+        return out.astype(np.float32, copy=False), known
 
     def items(self) -> tuple[list[str], np.ndarray]:
         """Every searchable video's id and vector (what a rebuild starts from)."""

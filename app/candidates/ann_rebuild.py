@@ -92,6 +92,20 @@ class LiveIndex:
             return [], np.empty(0, dtype=np.float32)
         return index.search(query, k, exclude)
 
+    def vectors_of(self, ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`VideoIndex.vectors_of` on the current index (none known before a build)."""
+        index = self._index
+        if index is None:
+            return np.zeros((len(ids), 0), dtype=np.float32), np.zeros(len(ids), dtype=bool)
+        return index.vectors_of(ids)
+
+    def items(self) -> tuple[list[str], np.ndarray]:
+        """Every searchable video's id and vector, in id order."""
+        index = self._index
+        if index is None:
+            return [], np.empty((0, 0), dtype=np.float32)
+        return index.items()
+
     def status(self, now: float | None = None) -> dict[str, Any]:
         """What ``/v1/status`` reports as ``retrieval.index``."""
         index = self._index
