@@ -133,6 +133,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
             scorer.warm,
             reads.reader(tables),
             retrieval=settings.retrieval.enabled,
+            ann=settings.ann,
+            ann_dir=settings.data_dir / "ann" / family,
         )
 
     holder = ModelHolder(

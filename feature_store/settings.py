@@ -376,6 +376,38 @@ class RerankSettings(_Section):
     """Seconds between re-estimates of the new-video rates from the counters serving holds."""
 
 
+class AnnSettings(_Section):
+    """The nearest-neighbour index over the video vectors (``app.candidates.ann``).
+
+    Why these defaults: ``docs/retrieval.md`` (*The index*) and the
+    ``bench.bench_ann`` table in ``docs/benchmarks.md``.
+    """
+
+    exact_below: int = Field(20_000, ge=0)
+    """Below this many vectors the index is an exact inner-product scan (numpy): at that
+    size it is as fast as the approximate one and never misses a neighbour."""
+    lists_per_sqrt: float = Field(4.0, gt=0, le=64)
+    """IVF inverted lists per square root of the vector count (4: 4,000 lists at 10^6).
+    More lists: each probe scans fewer vectors, but more probes are needed."""
+    nprobe: int = Field(32, ge=1, le=4096)
+    """Lists scanned per query. Recall@100 >= 0.95 on clustered vectors at 32 (the bench);
+    higher costs query time roughly in proportion."""
+    train_per_list: int = Field(64, ge=39, le=1024)
+    """Training vectors per list for k-means (a seeded sample; fewer trains faster,
+    faiss warns below 39)."""
+    seed: int = 1234
+    """Seed of the training sample and of k-means: processes building from the same
+    vectors get the identical index."""
+    build_threads: int = Field(1, ge=1, le=64)
+    """Threads a (background) build uses. 1 leaves the other core to requests."""
+    rebuild_changed_fraction: float = Field(0.05, gt=0, le=1)
+    """Rebuild in the background once this share of the indexed vectors was added,
+    updated or removed since the last build (they are searched exactly meanwhile)."""
+    max_pending: int = Field(20_000, ge=1)
+    """Rebuild once this many changed vectors wait, whatever the share: they are
+    scanned exactly on every query (20,000 x 32 floats: about 0.1 ms)."""
+
+
 class DashboardSettings(_Section):
     """The operators' page at ``/dashboard`` (``app.dashboard``).
 
@@ -630,6 +662,7 @@ class Settings(BaseSettings):
     retrieval: RetrievalSettings = RetrievalSettings()
     api: ApiSettings = ApiSettings()
     rerank: RerankSettings = RerankSettings()
+    ann: AnnSettings = AnnSettings()
     dashboard: DashboardSettings = DashboardSettings()
     experiments: ExperimentSettings = ExperimentSettings()
     tracing: TracingSettings = TracingSettings()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
+
 from feature_store.catalog.base import Video
 from feature_store.events import Event
 
@@ -92,3 +94,17 @@ def write_movielens(
         f"{u}|{20 + u % 40}|{'MF'[u % 2]}|student|{10000 + u}\n" for u in range(1, users + 1)
     ))
     return len(lines)
+
+
+def clustered_vectors(n: int, dim: int = 32, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    """``n`` video ids and L2-normalised float32 vectors around ``sqrt(n)`` centres of
+    uneven sizes: real embeddings cluster, and uniform noise flatters no index."""
+    rng = np.random.default_rng(seed)
+    clusters = max(4, int(n**0.5))
+    centres = rng.standard_normal((clusters, dim))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    weights = rng.lognormal(0.0, 1.0, clusters)
+    which = rng.choice(clusters, size=n, p=weights / weights.sum())
+    vectors = centres[which] + rng.standard_normal((n, dim)) * (0.6 / dim**0.5)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return [f"v{i:07d}" for i in range(n)], vectors.astype(np.float32)

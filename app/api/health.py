@@ -13,6 +13,7 @@ from app.api.dependencies import ServiceDep
 from app.auth import require
 from app.openapi import errors
 from app.schemas import Readiness
+from app.scoring.onnx_model import index_status
 from app.service import Service
 
 router = APIRouter(tags=["operations"])
@@ -111,6 +112,7 @@ def status(service: ServiceDep) -> dict[str, Any]:
             "metrics": model.manifest.metrics,
             "training_position": model.manifest.training_position,
         }
+    out["retrieval"] = {"index": index_status(model)}
     trainer = resources.extras.get("trainer")
     if trainer is not None:
         out["trainer"] = _safe(trainer.status)

@@ -73,6 +73,11 @@ def _set_hidden(service: Service, video_id: str, hidden: bool) -> Video:
     video = service.resources.catalog.set_hidden(_video_id(service, video_id), hidden)
     service.reads.forget_videos([video_id])
     service.signals.index_videos([video])
+    model = service.model
+    if hidden and model is not None and model.retrieval is not None:
+        # This process's index stops returning it at once; other processes' filters drop
+        # it (it is hidden in the catalog) and the next version's export leaves it out.
+        model.retrieval.index.remove([video.video_id])
     return video
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.dashboard.sampling import STAGES, Sampler
 from app.schemas import RecommendRequest
+from app.scoring.onnx_model import index_status
 from app.service import Service
 from feature_store.settings import DashboardSettings
 from feature_store.timeseries import MetricsSeries
@@ -143,6 +144,7 @@ def serving(service: Service, sampler: Sampler, since_ms: int) -> dict[str, Any]
             "version": model.version if model else None,
             "family": model.manifest.family if model else None,
             "load_error": service.holder.last_error,
+            "index": index_status(model),
             "stages": [
                 {
                     "stage": stage,

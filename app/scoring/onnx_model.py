@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ from feature_store.errors import ConfigurationError, NotFound, VidrecError
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
 from feature_store.registry import Manifest, ModelRegistry
-from feature_store.settings import ApiSettings
+from feature_store.settings import AnnSettings, ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,8 @@ def load_model(
     warm: Callable[[LoadedModel, int], None],
     pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
     retrieval: bool = True,
+    ann: AnnSettings | None = None,
+    ann_dir: Path | None = None,
 ) -> LoadedModel:
     """Open ``version`` and warm every bucket with ``warm(model, batch_size)``.
 
@@ -201,7 +204,8 @@ def load_model(
     tables when ``pull`` is None); a version of another family is refused.
     With ``retrieval``, the version's towers are loaded too; towers that fail
     to load are logged and the version serves without them (the ranker is
-    what the version is for).
+    what the version is for). ``ann`` configures their video index, saved to
+    and restored from ``ann_dir`` (None: built at every load, never saved).
     """
     started = time.perf_counter()
     try:
@@ -254,10 +258,20 @@ def load_model(
     loaded.warmup_seconds = time.perf_counter() - warm_started
     if retrieval:
         try:
-            loaded.retrieval = load_retrieval(registry, manifest, schema, session_options(settings))
+            loaded.retrieval = load_retrieval(
+                registry, manifest, schema, session_options(settings), ann, ann_dir
+            )
         except RetrievalLoadError as exc:
             log.error("serving %s without its towers: %s", version, exc)
     return loaded
+
+
+def index_status(model: LoadedModel | None) -> dict[str, Any] | None:
+    """The served version's video index for ``/v1/status`` and the dashboard (``kind``,
+    ``size``, ``built_at`` in unix s, ``age_s``...); None when it has no towers."""
+    if model is None or model.retrieval is None:
+        return None
+    return model.retrieval.index.status()
 
 
 class ModelHolder:

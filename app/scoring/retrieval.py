@@ -7,23 +7,28 @@ extractor code as the ranker's features), one pull per tower table, numpy
 pooling (:func:`feature_store.retrieval_io.pool`), one run of the user
 tower's ONNX graph; then the video vectors are searched.
 
-The search is behind :class:`VideoIndex` (``search`` and ``remove``): exact
-dot products over the exported matrix now (1,682 x 32 floats for ml-100k:
-tens of microseconds), an approximate index later, behind the same two
-methods. Hidden videos are excluded at export and removed when hidden
-later; the scorer's filter drops any hidden candidate besides.
+The search is :class:`app.candidates.ann_rebuild.LiveIndex` over the
+version's video vectors (``docs/retrieval.md``, *The index*): an exact scan
+below ``ann.exact_below`` vectors (1,682 x 32 floats for ml-100k), faiss
+IVF-Flat above. It is built while the version loads, in the model holder's
+thread, so a new user tower never serves against another version's video
+vectors, and restored from ``ann_dir`` when that holds this version's index.
+Hidden videos are excluded at export and removed when hidden later; the
+scorer's filter drops any hidden candidate besides.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from app.candidates.ann_rebuild import LiveIndex
 from feature_store.activity.base import HistoryEntry
 from feature_store.errors import VidrecError
 from feature_store.events import EventContext
@@ -42,61 +47,12 @@ from feature_store.retrieval_io import (
     pool,
     tower_table,
 )
-from feature_store.settings import RetrievalSettings
+from feature_store.settings import AnnSettings, RetrievalSettings
 
 log = logging.getLogger(__name__)
 
 Pull = Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]]
 """Reads rows of a sparse table by name (the scorer's or the model family's reader)."""
-
-
-class VideoIndex:
-    """Exact maximum-inner-product search over the video vectors.
-
-    The seam for an approximate index: callers use :meth:`search` and
-    :meth:`remove` only (plus :meth:`vectors` for given ids).
-    """
-
-    def __init__(self, ids: Sequence[str], vectors: npt.NDArray[np.float32]) -> None:
-        if len(ids) != len(vectors):
-            raise ValueError(f"{len(ids)} ids for {len(vectors)} vectors")
-        self.ids = list(ids)
-        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        self.position = {video: i for i, video in enumerate(self.ids)}
-        self.removed = np.zeros(len(self.ids), dtype=bool)
-
-    def __len__(self) -> int:
-        return int(len(self.ids) - self.removed.sum())
-
-    def search(
-        self, query: npt.NDArray[np.float32], k: int, exclude: Collection[str] = ()
-    ) -> tuple[list[str], npt.NDArray[np.float32]]:
-        """The ``k`` videos of highest ``query . v``, best first, without ``exclude``."""
-        if k <= 0 or not self.ids:
-            return [], np.zeros(0, np.float32)
-        scores = self.vectors @ query
-        scores[self.removed] = -np.inf
-        for video in exclude:
-            i = self.position.get(video)
-            if i is not None:
-                scores[i] = -np.inf
-        k = min(k, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        top = top[np.isfinite(scores[top])]
-        return [self.ids[i] for i in top.tolist()], scores[top]
-
-    def remove(self, ids: Iterable[str]) -> None:
-        """Never return these videos again (hidden ones)."""
-        for video in ids:
-            i = self.position.get(video)
-            if i is not None:
-                self.removed[i] = True
-
-    def lookup(self, ids: Sequence[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
-        """Rows of ``ids`` in :attr:`vectors` and which ids have one."""
-        rows = np.fromiter((self.position.get(v, -1) for v in ids), np.int64, len(ids))
-        return np.maximum(rows, 0), rows >= 0
 
 
 class RetrievalModel:
@@ -107,7 +63,7 @@ class RetrievalModel:
         version: str,
         towers: Towers,
         session: ort.InferenceSession,
-        index: VideoIndex,
+        index: LiveIndex,
     ) -> None:
         self.version = version
         self.towers = towers
@@ -154,9 +110,10 @@ class RetrievalModel:
     ) -> npt.NDArray[np.float32]:
         """Cosine of the user vector with each video's; 0 (no evidence) for a video
         without a vector (uploaded after the export)."""
-        rows, known = self.index.lookup(ids)
-        scores = self.index.vectors[rows] @ vector
-        return np.where(known, scores, 0.0).astype(np.float32)
+        vectors, known = self.index.vectors_of(ids)
+        if not known.any():
+            return np.zeros(len(ids), np.float32)
+        return np.where(known, vectors @ vector, 0.0).astype(np.float32)
 
 
 class RetrievalLoadError(VidrecError):
@@ -170,12 +127,15 @@ def load_retrieval(
     manifest: Manifest,
     schema: FeatureSchema,
     options: ort.SessionOptions,
+    ann: AnnSettings | None = None,
+    ann_dir: Path | None = None,
 ) -> RetrievalModel | None:
     """The towers of ``manifest``'s version; None when it has none.
 
     The towers are rebuilt from the manifest's description against this
     server's schema (whose hash the ranker already checked), so columns it
-    does not embed are refused here.
+    does not embed are refused here. The index over the video vectors is
+    built here (or restored from ``ann_dir`` when it holds this version's).
     """
     described = manifest.extra.get(MANIFEST_KEY)
     if not described:
@@ -205,7 +165,10 @@ def load_retrieval(
             raise RetrievalLoadError(
                 f"version {version}: video vectors {vectors.shape}, expected (N, {towers.dim})"
             )
-        index = VideoIndex(ids, vectors)
+        index = LiveIndex(ann or AnnSettings(), directory=ann_dir)
+        index.publish(ids, vectors, version=version, wait=True)
+        if index.index is None or index.index.version != version:
+            raise RetrievalLoadError(f"version {version}: index: {index.last_error}")
     except RetrievalLoadError:
         raise
     except Exception as exc:  # onnxruntime, numpy and pydantic raise their own types

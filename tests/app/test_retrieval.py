@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.candidates.ann import VideoIndex
 from app.recommender import fuse, ranking_bonus
-from app.scoring.retrieval import VideoIndex
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
@@ -91,7 +91,9 @@ def test_export_and_load_give_the_torch_vectors(client: TestClient) -> None:
     service, model = _serving(client, version)
     assert model.retrieval is not None
     index = model.retrieval.index
-    assert index.ids == [v.video_id for v in videos]
+    ids, vectors = index.items()
+    assert sorted(ids) == sorted(v.video_id for v in videos)
+    assert index.status()["version"] == version and index.status()["kind"] == "exact"
     history = (HistoryEntry(video_id="w1-3", watch_ratio=1.0, ts=1),)
     context = EventContext(device="tv", country="DE", surface="home")
     row = FeatureRow("g1-2", "", 1_700_000_000_000, None, context, history)
@@ -103,7 +105,9 @@ def test_export_and_load_give_the_torch_vectors(client: TestClient) -> None:
     np.testing.assert_allclose(got_user, want_user, rtol=1e-4, atol=1e-5)
     from trainer.retrieval_export import video_vectors
 
-    np.testing.assert_allclose(index.vectors, video_vectors(retrieval, videos)[1], atol=1e-6)
+    want_ids, want = video_vectors(retrieval, videos)
+    order = [want_ids.index(v) for v in ids]
+    np.testing.assert_allclose(vectors, want[order], atol=1e-6)
 
 
 def test_embedding_source_leads_and_never_serves_hidden(client: TestClient) -> None:
@@ -147,13 +151,13 @@ def test_a_version_without_towers_still_serves(client: TestClient) -> None:
 
 def test_index_search_excludes_and_removes() -> None:
     vectors = np.eye(4, dtype=np.float32)
-    index = VideoIndex(["a", "b", "c", "d"], vectors)
+    index = VideoIndex.build(["a", "b", "c", "d"], vectors)
     query = np.array([0.9, 0.5, 0.1, 0.0], np.float32)
     assert index.search(query, 2)[0] == ["a", "b"]
     assert index.search(query, 2, exclude={"a"})[0] == ["b", "c"]
     index.remove(["b"])
     assert index.search(query, 3)[0] == ["a", "c", "d"]
-    assert len(index) == 3
+    assert index.size == 3
 
 
 def test_fuse_adds_affinity_and_covisits_to_log_p() -> None:
@@ -176,3 +180,33 @@ def test_zero_weights_rank_by_the_model(weight: float) -> None:
     bonus = ranking_bonus(3, np.array([1.0, -1.0, 0.0]), np.array([9.0, 0.0, 0.0]), weight, weight)
     fused = fuse(p, bonus)
     assert list(np.argsort(-fused)) == [1, 2, 0]
+
+
+def test_status_and_dashboard_tell_the_index_age_and_a_hide_leaves_it(
+    client: TestClient,
+) -> None:
+    from app.candidates.ann_rebuild import LiveIndex
+
+    service = service_of(client)
+    videos = _videos()
+    service.resources.catalog.upsert(videos)
+    version, _ = _publish_with_towers(service, videos)
+    _, model = _serving(client, version)
+    index = client.get("/v1/status", headers=KEY).json()["retrieval"]["index"]
+    assert (index["kind"], index["size"], index["version"]) == ("exact", 40, version)
+    assert 0 <= index["age_s"] < 600 and index["built_at"] <= time.time()
+    board = client.get("/dashboard/api/overview", headers=KEY).json()["serving"]["index"]
+    assert (board["kind"], board["size"]) == ("exact", 40)
+
+    assert client.post("/v1/videos/w1-1/hide", headers=KEY).status_code == 200
+    assert "w1-1" not in model.retrieval.index.items()[0]
+    assert client.get("/v1/status", headers=KEY).json()["retrieval"]["index"]["size"] == 39
+    query = model.retrieval.index.vectors_of(["w1-1"])
+    assert not query[1].any(), "a hidden video has no vector to score either"
+
+    # A restart restores this version's index from the data directory, without a build.
+    saved = service.resources.settings.data_dir / "ann" / "main"
+    restarted = LiveIndex(service.resources.settings.ann, directory=saved)
+    assert restarted.status()["version"] == version and restarted.builds == 0
+    ids, vectors = model.retrieval.index.items()
+    assert not restarted.publish(ids, vectors, version=version), "same version: no rebuild"

@@ -131,6 +131,18 @@
     return top ? ` (mostly ${top[0]})` : "";
   }
 
+  function ago(seconds) {
+    if (seconds == null) return "–";
+    if (seconds < 120) return `${Math.round(seconds)} s`;
+    if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+    return `${(seconds / 3600).toFixed(1)} h`;
+  }
+
+  function indexText(ix) {
+    if (!ix || !ix.kind) return "none";
+    return `${ix.kind}, ${int(ix.size)} videos, ${ago(ix.age_s)} old${ix.rebuilding ? ", rebuilding" : ""}`;
+  }
+
   function renderServing(s) {
     $("serving-error").textContent = s.error || s.load_error || "";
     if (s.error) return;
@@ -142,6 +154,7 @@
       [`fallback rate${topReason(l.fallbacks)}`, pct(l.fallback_rate)], ["degraded rate", pct(l.degraded_rate)],
       ["execution provider", (s.provider || "–").replace("ExecutionProvider", ""), "kpi-provider"],
       ["active model", s.version || "none", "kpi-served-version"],
+      ["retrieval index", indexText(s.index), "kpi-index"],
     ]);
     table($("stage-table"), ["stage", "p50 ms", "p99 ms"], (s.stages || []).map((r) =>
       `<tr><td>${esc(r.stage === "onnx" ? "score (onnx)" : r.stage)}</td><td>${num(r.p50_ms, 2)}</td><td>${num(r.p99_ms, 2)}</td></tr>`));
