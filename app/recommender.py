@@ -31,7 +31,6 @@ import uuid
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import redis
 
 from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
@@ -44,12 +43,13 @@ from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
+from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
 
-BACKEND_ERRORS = (BackendUnavailable, redis.RedisError, ConnectionError, TimeoutError)
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailable, *REDIS_FAILURES)
 """Failures that mean "a backend is down", answered by the degraded fallback."""
 
 

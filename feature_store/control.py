@@ -47,6 +47,7 @@ import redis
 
 from feature_store.constants import CONTROL_ACKS, CONTROL_COMMANDS
 from feature_store.errors import InvalidInput, StoreUnavailable
+from feature_store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
     from feature_store.component import TrainerHandle
@@ -287,10 +288,8 @@ class RedisChannel:
         pass  # the client belongs to whoever opened it
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
+        with redis_errors(StoreUnavailable, f"control channel {what} failed"):
             return fn()
-        except redis.RedisError as exc:  # translated at the boundary
-            raise StoreUnavailable(f"control channel {what} failed: {exc}") from exc
 
 
 def _text(value: bytes | str) -> str:

@@ -35,6 +35,7 @@ import redis
 
 from feature_store.constants import TRAINER_METRICS, TRAINER_STATUS
 from feature_store.errors import StoreUnavailable
+from feature_store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
     from feature_store.settings import Settings
@@ -168,38 +169,28 @@ class RedisSeries:
 
     def append(self, point: Point) -> None:
         data = json.dumps(_clean(point))
-        try:
+        with redis_errors(StoreUnavailable, "metrics append failed"):
             self.client.xadd(self.key, {"p": data}, maxlen=self.capacity, approximate=True)
-        except redis.RedisError as exc:  # translated at the boundary
-            raise StoreUnavailable(f"metrics append failed: {exc}") from exc
 
     def read(self, since_ms: int = 0, limit: int = 1000) -> list[Point]:
-        try:
+        with redis_errors(StoreUnavailable, "metrics read failed"):
             entries: Any = self.client.xrange(
                 self.key, min=f"{since_ms + 1}", max="+", count=limit
             )
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"metrics read failed: {exc}") from exc
         return [_payload(fields) for _, fields in entries]
 
     def latest(self) -> Point | None:
-        try:
+        with redis_errors(StoreUnavailable, "metrics read failed"):
             entries: Any = self.client.xrevrange(self.key, count=1)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"metrics read failed: {exc}") from exc
         return _payload(entries[0][1]) if entries else None
 
     def heartbeat(self, status: Point, ttl_s: float) -> None:
-        try:
+        with redis_errors(StoreUnavailable, "heartbeat failed"):
             self.client.set(self.status_key, json.dumps(_clean(status)), px=int(ttl_s * 1000))
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"heartbeat failed: {exc}") from exc
 
     def status(self) -> Point | None:
-        try:
+        with redis_errors(StoreUnavailable, "status read failed"):
             data = self.client.get(self.status_key)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"status read failed: {exc}") from exc
         return json.loads(data) if data else None
 
     def close(self) -> None:
