@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import threading
 import time
 from collections import deque
@@ -33,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import redis
 
+from feature_store.atomic import atomic_write
 from feature_store.constants import TRAINER_METRICS, TRAINER_STATUS
 from feature_store.errors import StoreUnavailable
 from feature_store.redis_errors import redis_errors
@@ -124,7 +123,7 @@ class MemorySeries:
                 fh.write(json.dumps(point) + "\n")
             self._lines += 1
             if self._lines > 2 * self.capacity:  # rewrite to the ring's contents
-                _write_atomic(self._file, "".join(json.dumps(p) + "\n" for p in self._points))
+                atomic_write(self._file, "".join(json.dumps(p) + "\n" for p in self._points))
                 self._lines = len(self._points)
 
     def read(self, since_ms: int = 0, limit: int = 1000) -> list[Point]:
@@ -141,7 +140,7 @@ class MemorySeries:
         record = {**_clean(status), "expires_at_ms": now + int(ttl_s * 1000)}
         self._status = record
         if self.directory is not None:
-            _write_atomic(self._status_file, json.dumps(record))
+            atomic_write(self._status_file, json.dumps(record))
 
     def status(self) -> Point | None:
         record = self._status
@@ -201,15 +200,6 @@ def _payload(fields: Any) -> Point:
     """The point in a stream entry, whether the client decodes responses or not."""
     data = fields.get(b"p", fields.get("p"))
     return dict(json.loads(data))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def open_timeseries(
