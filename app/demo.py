@@ -27,6 +27,7 @@ import numpy as np
 from app.schemas import RecommendRequest
 from feature_store.events import Event, EventType
 from feature_store.synthetic import SyntheticWorld, WorldConfig
+from feature_store.worker import Worker
 
 if TYPE_CHECKING:
     from app.service import Service
@@ -56,8 +57,7 @@ class DemoTraffic:
         self.sessions = 0
         self.shown = 0
         self.played = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="vidrec-demo", daemon=True)
+        self._worker = Worker("vidrec-demo", self._loop)
 
     def seed_catalog(self) -> int:
         """Upload the synthetic catalog if the catalog is empty; returns videos added."""
@@ -106,9 +106,9 @@ class DemoTraffic:
         self.played += sum(1 for e in events if e.type == EventType.PLAY)
         return events
 
-    def _loop(self) -> None:
+    def _loop(self, stop: threading.Event) -> None:
         last_report = time.monotonic()
-        while not self._stop.wait(self.interval_s):
+        while not stop.wait(self.interval_s):
             try:
                 self.session()
             except Exception as exc:  # the demo must never take the service down
@@ -128,12 +128,10 @@ class DemoTraffic:
         added = self.seed_catalog()
         if added:
             log.info("demo: seeded the catalog with %d synthetic videos", added)
-        self._thread.start()
+        self._worker.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._worker.stop()
 
 
 @contextmanager

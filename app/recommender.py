@@ -32,13 +32,11 @@ Fallbacks (``fallback: true`` in the response, counted by reason):
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import redis
 
 from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
@@ -52,7 +50,9 @@ from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
+from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
+from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def fuse(scores: np.ndarray, bonus: np.ndarray | None = None) -> np.ndarray:
     return fused if bonus is None else fused + bonus
 
 
-BACKEND_ERRORS = (BackendUnavailable, redis.RedisError, ConnectionError, TimeoutError)
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailable, *REDIS_FAILURES)
 """Failures that mean "a backend is down", answered by the degraded fallback."""
 
 
@@ -373,19 +373,15 @@ class PopularRefresher:
 
     def __init__(self, popular: PopularList) -> None:
         self.popular = popular
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="vidrec-popular", daemon=True)
+        self._worker = periodic(
+            "vidrec-popular",
+            min(1.0, popular.refresh_s),
+            popular.maybe_refresh,
+            join_timeout_s=5,
+        )
 
     def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(min(1.0, self.popular.refresh_s)):
-            try:
-                self.popular.maybe_refresh()
-            except Exception:
-                log.exception("popular refresh failed")
+        self._worker.start()
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self._worker.stop()

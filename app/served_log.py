@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from feature_store.features.values import FeatureValues, ValueLayout
 from feature_store.served import ServedArm, ServedItem, ServedRecord
 from feature_store.settings import ServedLogSettings
 from feature_store.signals.feedback.base import ServedBatch, UserFeedback
+from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,12 @@ class ServedLogWriter:
         self.schema_hash = layout.schema.schema_hash()
         self.outcomes = metrics.served_log_records
         self._queue: queue.Queue[Served] = queue.Queue(maxsize=settings.queue_records)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vidrec-served-log", daemon=True)
+        self._worker = Worker("vidrec-served-log", lambda stop: self._run())
+        self._stop = self._worker.stop_event
         self._last_warning = 0.0
 
     def __enter__(self) -> ServedLogWriter:
-        self._thread.start()
+        self._worker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -98,9 +98,7 @@ class ServedLogWriter:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Write what is queued (for at most ``timeout_s``), then stop the thread."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        self._worker.stop(timeout_s)
 
     def _run(self) -> None:
         while not (self._stop.is_set() and self._queue.empty()):

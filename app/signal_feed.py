@@ -29,7 +29,6 @@ recorded after it (some counted twice at worst, never lost).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ from feature_store.events import EventType
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
 from feature_store.signals.feedback import MemoryFeedback, attach_feedback
+from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,11 @@ class SignalFeed:
         """Where in-process signals are snapshotted (then the feed commits after each)."""
         self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         self._uncommitted = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vidrec-signal-feed", daemon=True)
+        self._worker = Worker("vidrec-signal-feed", lambda stop: self._run())
+        self._stop = self._worker.stop_event
 
     def start(self) -> None:
-        self._thread.start()
+        self._worker.start()
 
     def _run(self) -> None:
         consumer: EventConsumer | None = None
@@ -134,9 +134,7 @@ class SignalFeed:
         self._uncommitted = False
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._worker.stop()
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Atomic replacement of a file, for the snapshots of the embedded stores.
+"""Atomic replacement of a file: every snapshot, pointer and offsets file vidrec writes.
 
 A writer that crashes half-way must leave the old file or the new one, never
 half of one: the new content goes to a temporary file in the same directory
@@ -9,12 +9,13 @@ survives a power cut.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import IO, Any, TextIO
 
 
 @contextmanager
@@ -25,9 +26,38 @@ def atomic_text(path: Path) -> Iterator[TextIO]:
     one string). If the block raises, the temporary file is removed and
     ``path`` is left as it was. The directory must exist.
     """
+    with _atomic(path, "w") as out:
+        yield out  # type: ignore[misc]  # opened in text mode: a TextIO
+
+
+@contextmanager
+def atomic_binary(path: Path) -> Iterator[IO[bytes]]:
+    """:func:`atomic_text` for bytes."""
+    with _atomic(path, "wb") as out:
+        yield out
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` (text as UTF-8) atomically and durably."""
+    if isinstance(data, bytes):
+        with atomic_binary(path) as out:
+            out.write(data)
+    else:
+        with atomic_text(path) as text:
+            text.write(data)
+
+
+def atomic_json(path: Path, data: object, **dump_options: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON (``dump_options`` go to :func:`json.dump`)."""
+    with atomic_text(path) as out:
+        json.dump(data, out, **dump_options)
+
+
+@contextmanager
+def _atomic(path: Path, mode: str) -> Iterator[IO[Any]]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as out:
             yield out
             out.flush()
             os.fsync(out.fileno())

@@ -47,6 +47,8 @@ import redis
 
 from feature_store.constants import CONTROL_ACKS, CONTROL_COMMANDS
 from feature_store.errors import InvalidInput, StoreUnavailable
+from feature_store.redis_errors import redis_errors
+from feature_store.worker import Worker
 
 if TYPE_CHECKING:
     from feature_store.component import TrainerHandle
@@ -287,10 +289,8 @@ class RedisChannel:
         pass  # the client belongs to whoever opened it
 
     def _call(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
+        with redis_errors(StoreUnavailable, f"control channel {what} failed"):
             return fn()
-        except redis.RedisError as exc:  # translated at the boundary
-            raise StoreUnavailable(f"control channel {what} failed: {exc}") from exc
 
 
 def _text(value: bytes | str) -> str:
@@ -354,19 +354,17 @@ class ControlListener:
         self.handled = 0
         self._cursor = ""
         self._name = _group_of(trainer)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="vidrec-control", daemon=True)
+        self._worker = Worker("vidrec-control", lambda stop: self._loop(), join_timeout_s=30)
+        self._stop = self._worker.stop_event
 
     def start(self) -> ControlListener:
         self._cursor = self.channel.tail()
-        self._thread.start()
+        self._worker.start()
         log.info("control listener for %s (%s) started", self.target, self._name)
         return self
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._worker.stop()
         if self.retrainer is not None:
             self.retrainer.close()
 

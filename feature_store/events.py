@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -122,7 +123,7 @@ class Event(BaseModel):
         return min(1.0, self.watch_ms / duration)
 
 
-def _field_of(error: dict[str, Any]) -> str:
+def _field_of(error: Mapping[str, Any]) -> str:
     return ".".join(str(part) for part in error["loc"]) or "body"
 
 

@@ -36,7 +36,7 @@ import bisect
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -65,13 +65,13 @@ FAMILY = r"^[A-Za-z0-9_-]{1,32}$"
 _SPACE = 2**64
 
 Head = Literal["engagement", "watch", "negative"]
-"""A ranking head of the model (``feature_store.model_io.HEADS``)."""
+"""A ranking head of the model (``feature_store.model_io.HEADS`` is their output order)."""
 RankingWeights = dict[Head, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]]
 """Weight of each ranking head in the served score (``app/scoring/fusion.py``): a head
 absent weighs 0; a negative weight rewards a *low* probability of that head."""
 
 
-def check_ranking_weights(weights: dict[str, float]) -> None:
+def check_ranking_weights(weights: Mapping[Head, float]) -> None:
     """ValueError unless some head has a non-zero weight (all zero would rank nothing)."""
     if not any(w != 0 for w in weights.values()):
         raise ValueError("at least one head needs a non-zero weight")
@@ -93,7 +93,7 @@ class Arm(BaseModel):
 
     @field_validator("fusion")
     @classmethod
-    def _some_weight(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+    def _some_weight(cls, value: RankingWeights | None) -> RankingWeights | None:
         if value is not None:
             check_ranking_weights(value)
         return value

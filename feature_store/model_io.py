@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from feature_store.experiments import Head
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
 
@@ -43,7 +44,7 @@ WIDE_INDICES = "wide_idx"
 DENSE = "dense"
 SCORE = "score"
 
-HEADS = ("engagement", "watch", "negative")
+HEADS: tuple[Head, ...] = ("engagement", "watch", "negative")
 """Ranking heads, in the order of the model's outputs (and of its last layer's rows)."""
 HEAD_OUTPUTS = {"engagement": SCORE, "watch": "watch", "negative": "negative"}
 """ONNX output name of each head (engagement keeps the single-output model's name)."""

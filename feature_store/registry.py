@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from feature_store.atomic import atomic_json
 from feature_store.errors import Conflict, NotFound
 
 MODEL_FILE = "model.onnx"
@@ -244,10 +245,7 @@ class ModelRegistry:
         return data if isinstance(data, dict) else {}
 
     def _write_pointer(self, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".active-", dir=self.root)
-        os.close(fd)
-        _fsync_write(Path(tmp), json.dumps(data).encode())
-        os.replace(tmp, self.root / ACTIVE_FILE)
+        atomic_json(self.root / ACTIVE_FILE, data)
 
 
 _STAMPED = re.compile(r"^(?P<family>[A-Za-z0-9_-]+)-\d{8}T\d{6}-\d+$")

@@ -14,13 +14,23 @@ from __future__ import annotations
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.errors import ConfigurationError
-from feature_store.experiments import ExperimentSpec, RankingWeights, check_ranking_weights
+from feature_store.experiments import (
+    ExperimentSpec,
+    Head,
+    RankingWeights,
+    check_ranking_weights,
+)
+
+
+def _heads(**weights: float) -> dict[Head, float]:
+    """A per-head mapping, typed (the defaults of the head weights)."""
+    return {h: weights[h] for h in get_args(Head) if h in weights}
 
 
 class _Section(BaseModel):
@@ -268,7 +278,7 @@ class ApiSettings(_Section):
     """Run the signal feed (a consumer group updating trending and co-visitation) in
     the service process. Turn off only where another process records the signals."""
     ranking_weights: RankingWeights = Field(
-        default_factory=lambda: {"engagement": 1.0, "watch": 0.5, "negative": -1.0}
+        default_factory=lambda: _heads(engagement=1.0, watch=0.5, negative=-1.0)
     )
     """Weight of each ranking head in the served score (dimensionless exponents, see
     ``app/scoring/fusion.py``): ``log score = sum |w| log p`` (``log(1 - p)`` for a
@@ -512,8 +522,8 @@ class TrainerSettings(_Section):
     """Per event type (``like``, ``skip``, ``impression``...) loss weight; 1 if absent.
     Applies to every head's loss term of the sample."""
     # --- ranking heads (trainer/labels.py, docs/training.md "Heads") ---
-    head_loss_weights: dict[Literal["engagement", "watch", "negative"], float] = Field(
-        default_factory=lambda: {"engagement": 1.0, "watch": 1.0, "negative": 1.0}
+    head_loss_weights: dict[Head, float] = Field(
+        default_factory=lambda: _heads(engagement=1.0, watch=1.0, negative=1.0)
     )
     """Multiplier of each head's summed loss (dimensionless; a head absent: 1). 0 stops a
     head learning (its output stays served); the engagement head is the one the wide part

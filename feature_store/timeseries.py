@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import threading
 import time
 from collections import deque
@@ -33,8 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import redis
 
+from feature_store.atomic import atomic_write
 from feature_store.constants import TRAINER_METRICS, TRAINER_STATUS
 from feature_store.errors import StoreUnavailable
+from feature_store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
     from feature_store.settings import Settings
@@ -123,7 +123,7 @@ class MemorySeries:
                 fh.write(json.dumps(point) + "\n")
             self._lines += 1
             if self._lines > 2 * self.capacity:  # rewrite to the ring's contents
-                _write_atomic(self._file, "".join(json.dumps(p) + "\n" for p in self._points))
+                atomic_write(self._file, "".join(json.dumps(p) + "\n" for p in self._points))
                 self._lines = len(self._points)
 
     def read(self, since_ms: int = 0, limit: int = 1000) -> list[Point]:
@@ -140,7 +140,7 @@ class MemorySeries:
         record = {**_clean(status), "expires_at_ms": now + int(ttl_s * 1000)}
         self._status = record
         if self.directory is not None:
-            _write_atomic(self._status_file, json.dumps(record))
+            atomic_write(self._status_file, json.dumps(record))
 
     def status(self) -> Point | None:
         record = self._status
@@ -168,38 +168,28 @@ class RedisSeries:
 
     def append(self, point: Point) -> None:
         data = json.dumps(_clean(point))
-        try:
+        with redis_errors(StoreUnavailable, "metrics append failed"):
             self.client.xadd(self.key, {"p": data}, maxlen=self.capacity, approximate=True)
-        except redis.RedisError as exc:  # translated at the boundary
-            raise StoreUnavailable(f"metrics append failed: {exc}") from exc
 
     def read(self, since_ms: int = 0, limit: int = 1000) -> list[Point]:
-        try:
+        with redis_errors(StoreUnavailable, "metrics read failed"):
             entries: Any = self.client.xrange(
                 self.key, min=f"{since_ms + 1}", max="+", count=limit
             )
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"metrics read failed: {exc}") from exc
         return [_payload(fields) for _, fields in entries]
 
     def latest(self) -> Point | None:
-        try:
+        with redis_errors(StoreUnavailable, "metrics read failed"):
             entries: Any = self.client.xrevrange(self.key, count=1)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"metrics read failed: {exc}") from exc
         return _payload(entries[0][1]) if entries else None
 
     def heartbeat(self, status: Point, ttl_s: float) -> None:
-        try:
+        with redis_errors(StoreUnavailable, "heartbeat failed"):
             self.client.set(self.status_key, json.dumps(_clean(status)), px=int(ttl_s * 1000))
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"heartbeat failed: {exc}") from exc
 
     def status(self) -> Point | None:
-        try:
+        with redis_errors(StoreUnavailable, "status read failed"):
             data = self.client.get(self.status_key)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"status read failed: {exc}") from exc
         return json.loads(data) if data else None
 
     def close(self) -> None:
@@ -210,15 +200,6 @@ def _payload(fields: Any) -> Point:
     """The point in a stream entry, whether the client decodes responses or not."""
     data = fields.get(b"p", fields.get("p"))
     return dict(json.loads(data))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def open_timeseries(

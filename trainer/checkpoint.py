@@ -28,7 +28,8 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from feature_store.atomic import atomic_json
 
 LATEST = "LATEST"
 STATE_FILE = "state.json"
@@ -46,16 +47,6 @@ def _fsync_tree(root: Path) -> None:
     for path in sorted(root.rglob("*")):
         if path.is_file():
             _fsync_file(path)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace ``path`` with ``data`` as JSON; readers see old or new, never torn."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class Checkpointer:
@@ -92,7 +83,7 @@ class Checkpointer:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        write_json_atomic(self.root / LATEST, {"seq": seq})
+        atomic_json(self.root / LATEST, {"seq": seq})
         self._prune(seq)
         return final
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries, open_timeseries
+from feature_store.worker import Worker
 from trainer.loop import OnlineTrainer
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class TrainerComponent:
             resources.extras[SERIES_EXTRA] = series
         self.series = series
         self.loop = OnlineTrainer(resources, registry=registry, series=series)
-        self._thread: threading.Thread | None = None
+        self._worker = Worker("vidrec-trainer", lambda stop: self._run_thread())
         self._error: BaseException | None = None
 
     @property
@@ -58,10 +59,7 @@ class TrainerComponent:
         return self.loop.metrics.registry
 
     def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._thread = threading.Thread(target=self._run_thread, name="vidrec-trainer", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def _run_thread(self) -> None:
         try:
@@ -88,12 +86,10 @@ class TrainerComponent:
                 server.server_close()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        self.loop.request_stop()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
-            if thread.is_alive():
-                log.warning("trainer did not stop within %.0f s", timeout_s)
+        self.loop.request_stop()  # the loop's own stop flag: it ends at a batch boundary
+        self._worker.stop(timeout_s)
+        if self._worker.alive and self._worker.thread is not threading.current_thread():
+            log.warning("trainer did not stop within %.0f s", timeout_s)
 
     def status(self) -> dict[str, Any]:
         status = self.loop.status()

@@ -62,20 +62,19 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
-import redis
 import torch
-from redis.exceptions import RedisClusterException
 from torch import nn
 
 from feature_store.constants import TRAINER_DENSE, TRAINER_PROGRESS
 from feature_store.errors import ConfigurationError, StoreUnavailable
 from feature_store.eventlog.base import ConsumedEvent
+from feature_store.redis_errors import REDIS_FAILURES, redis_errors
 from feature_store.runtime import Resources
 
 log = logging.getLogger(__name__)
@@ -225,7 +224,7 @@ class GroupSync:
             self.gloo.leave()
         try:
             self.client.hdel(self.dense_key, self.member)
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
+        except REDIS_FAILURES as exc:
             log.warning("dense sync: could not leave the group: %s", exc)
 
     def status(self) -> dict[str, Any]:
@@ -247,13 +246,9 @@ def _load_flat(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
             offset += n
 
 
-@contextmanager
-def _errors(operation: str) -> Iterator[None]:
-    """Translate redis-py failures into :class:`StoreUnavailable` (the loop retries those)."""
-    try:
-        yield
-    except (redis.RedisError, RedisClusterException, OSError) as exc:
-        raise StoreUnavailable(f"trainer group sync {operation}: {exc}") from exc
+def _errors(operation: str) -> AbstractContextManager[None]:
+    """Redis failures as :class:`StoreUnavailable` (the loop retries those)."""
+    return redis_errors(StoreUnavailable, f"trainer group sync {operation}")
 
 
 def open_group_sync(resources: Resources) -> GroupSync | None:
@@ -413,7 +408,7 @@ class GlooAveraging:
     def leave(self) -> None:
         try:
             self.client.hdel(self.members_key, self.member)
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
+        except REDIS_FAILURES as exc:
             log.warning("dense sync (gloo): could not leave the group: %s", exc)
 
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer
+from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,9 @@ class Fetcher:
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = (
             queue.SimpleQueue()
         )
-        self._stop = threading.Event()
+        self._worker = Worker("vidrec-fetcher", lambda stop: self._run(), join_timeout_s=30)
+        self._stop = self._worker.stop_event
         self._paused = threading.Event()
-        self._thread: threading.Thread | None = None
         self.threaded = threaded
         """False: poll in the caller's thread on :meth:`get` (no overlap, no extra thread)."""
         self._next_lag = 0.0
@@ -69,15 +70,11 @@ class Fetcher:
     def start(self) -> None:
         if not self.threaded:
             return
-        self._thread = threading.Thread(target=self._run, name="vidrec-fetcher", daemon=True)
-        self._thread.start()
+        self._worker.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop polling and join; the consumer is the caller's again afterwards."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        self._worker.stop(timeout_s)
         self._serve_calls()  # anything asked while the thread was finishing
 
     def pause(self) -> None:
@@ -98,7 +95,7 @@ class Fetcher:
 
     def call(self, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
         """Run ``fn`` (which uses the consumer) on the fetcher's thread and return its result."""
-        thread = self._thread
+        thread = self._worker.thread
         if thread is None or not thread.is_alive() or thread is threading.current_thread():
             return fn()
         future: Future[T] = Future()

@@ -287,8 +287,11 @@ class Joiner:
             if event.type is _IMPRESSION:
                 assert moments is not None
                 row = row_of[i]
-                shown = Shown(event, partition, moments.values[row], float(moments.scores[row]))
-                self._remember(key, shown, samples)
+                self._remember(
+                    key,
+                    Shown(event, partition, moments.values[row], float(moments.scores[row])),
+                    samples,
+                )
             else:
                 if key in pending:  # engaged: the impression carries no label of its own
                     del pending[key]

@@ -299,7 +299,8 @@ class RetrievalTrainer:
             np.stack(self.pending) if self.pending
             else np.zeros((0, self.layout.width), np.uint64)
         )
-        np.savez(directory / ARRAYS_FILE, pending=pending, **self.frequency.to_arrays())
+        arrays: dict[str, Any] = {"pending": pending, **self.frequency.to_arrays()}
+        np.savez(directory / ARRAYS_FILE, **arrays)
 
     def restore(self, directory: Path) -> bool:
         """Load what :meth:`save` wrote; False when the checkpoint has no towers."""

@@ -175,8 +175,8 @@ class ServedJoin:
         unread = wanted.difference(self._records).difference(self._given_up)
         if unread:
             self._wait_for(unread)
-            for rec_id in unread.difference(self._records):
-                self._given_up[rec_id] = None
+            for unread_id in unread.difference(self._records):
+                self._given_up[unread_id] = None
             while len(self._given_up) > _GIVEN_UP_MAX:
                 self._given_up.popitem(last=False)
         found: list[int] = []

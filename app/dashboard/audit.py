@@ -29,6 +29,7 @@ import redis
 
 from feature_store.constants import DASHBOARD_AUDIT
 from feature_store.errors import StoreUnavailable
+from feature_store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
     from feature_store.runtime import Resources
@@ -92,19 +93,15 @@ class RedisAuditLog:
         self.client = client
 
     def append(self, entry: Entry) -> None:
-        try:
+        with redis_errors(StoreUnavailable, "audit log append failed"):
             self.client.xadd(
                 DASHBOARD_AUDIT, {"e": json.dumps(entry, default=str)},
                 maxlen=_REDIS_LEN, approximate=True,
             )
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"audit log append failed: {exc}") from exc
 
     def entries(self, limit: int) -> list[Entry]:
-        try:
+        with redis_errors(StoreUnavailable, "audit log read failed"):
             raw: Any = self.client.xrevrange(DASHBOARD_AUDIT, count=limit)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"audit log read failed: {exc}") from exc
         return [json.loads(fields[b"e"]) for _, fields in reversed(list(raw or []))]
 
 

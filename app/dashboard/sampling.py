@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from feature_store.settings import DashboardSettings
 from feature_store.sparse.base import SparseTable
+from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
@@ -130,24 +131,14 @@ class Sampler:
         self._readings: deque[Counts] = deque()
         self._tables_at = 0.0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="vidrec-dashboard", daemon=True)
+        self._worker = periodic("vidrec-dashboard", settings.sample_every_s, self.sample)
 
     def start(self) -> None:
         self.sample()
-        self._thread.start()
+        self._worker.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.settings.sample_every_s):
-            try:
-                self.sample()
-            except Exception:  # the sampler must outlive any surprise
-                log.exception("dashboard sample failed")
+        self._worker.stop()
 
     def sample(self) -> None:
         counts = read_counts(self.registry)

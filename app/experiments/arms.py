@@ -46,6 +46,7 @@ from feature_store.experiments import (
 )
 from feature_store.registry import ModelRegistry
 from feature_store.served import ServedArm
+from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,7 @@ class ArmModels:
             ["experiment", "arm", "outcome"],
             registry=metrics,
         )
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = periodic("vidrec-arms", lambda: self.poll_interval_s, self.poll_once)
         self._lock = threading.Lock()
 
     # --- the request path -----------------------------------------------------
@@ -241,18 +241,7 @@ class ArmModels:
 
     def start(self) -> None:
         self.poll_once()
-        self._thread = threading.Thread(target=self._loop, name="vidrec-arms", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_interval_s):
-            try:
-                self.poll_once()
-            except Exception:  # the poller must outlive any surprise
-                log.exception("experiment arms poll failed")
+        self._worker.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._worker.stop()

@@ -25,6 +25,7 @@ import redis
 from feature_store.atomic import atomic_text
 from feature_store.constants import EXPERIMENT_FEED
 from feature_store.errors import StoreUnavailable
+from feature_store.redis_errors import redis_errors
 from feature_store.runtime import Resources
 
 State = dict[str, Any]
@@ -78,21 +79,17 @@ class RedisCheckpoints:
         self.client = client
 
     def load(self) -> dict[int, State]:
-        try:
+        with redis_errors(StoreUnavailable, "experiment feed checkpoints"):
             raw: Any = self.client.hgetall(EXPERIMENT_FEED)
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"experiment feed checkpoints: {exc}") from exc
         return {int(p): json.loads(s) for p, s in (raw or {}).items()}
 
     def save(self, states: dict[int, State]) -> None:
         if not states:
             return
-        try:
+        with redis_errors(StoreUnavailable, "experiment feed checkpoints"):
             self.client.hset(
                 EXPERIMENT_FEED, mapping={str(p): json.dumps(s) for p, s in states.items()}
             )
-        except redis.RedisError as exc:
-            raise StoreUnavailable(f"experiment feed checkpoints: {exc}") from exc
 
 
 def open_checkpoints(resources: Resources) -> FeedCheckpoints:

@@ -30,7 +30,6 @@ read yet"). The feed idles (reads nothing) while no experiment counts.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
@@ -46,6 +45,7 @@ from feature_store.eventlog.base import ConsumedEvent, ConsumedRecord, EventCons
 from feature_store.experiments import ExperimentStore
 from feature_store.runtime import Resources
 from feature_store.served import ServedRecord
+from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -141,18 +141,16 @@ class ExperimentFeed:
         self._reader: EventConsumer | None = None
         self._index = _ArmIndex(self.window_ms, self.max_open)
         self._last_save = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vidrec-experiments", daemon=True)
+        self._worker = Worker("vidrec-experiments", lambda stop: self._run())
+        self._stop = self._worker.stop_event
 
     # --- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self._worker.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._worker.stop()
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -276,18 +276,19 @@ class RequestFeatureExtractor(FeatureExtractor):
             # Over the one video column's distinct keys (or one key): the user and
             # context parts, one key each, broadcast.
             distinct, video_at = varying[by_video[0]] if by_video else (None, None)
-            parts = [constant[name] if name in constant else distinct for name in cross.columns]
-            blocks.append(cross_keys(cross.name, parts))  # type: ignore[arg-type]
+            # ``distinct`` is None only when no column varies by video, so never used then.
+            broadcast = [constant[name] if name in constant else distinct for name in cross.columns]
+            blocks.append(cross_keys(cross.name, broadcast))  # type: ignore[arg-type]
             positions.append(video_at)
         if not blocks:
             return np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
         indices = np.empty((batch, len(blocks)), dtype=np.int64)
         start = 0
-        for j, (block, at) in enumerate(zip(blocks, positions, strict=True)):
-            if at is None:
+        for j, (block, where) in enumerate(zip(blocks, positions, strict=True)):
+            if where is None:
                 indices[:, j] = start
             else:
-                np.add(at, start, out=indices[:, j])
+                np.add(where, start, out=indices[:, j])
             start += len(block)
         return np.concatenate(blocks), indices
 

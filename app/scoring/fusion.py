@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from feature_store.experiments import Head
 from feature_store.model_io import HEADS
 
 Floats = npt.NDArray[np.float32]
@@ -49,7 +50,7 @@ class Fusion:
     """(head, weight) of the heads with a non-zero weight, in HEADS order."""
 
     @classmethod
-    def of(cls, weights: Mapping[str, float]) -> Fusion:
+    def of(cls, weights: Mapping[Head, float]) -> Fusion:
         """From a ``{head: weight}`` mapping (absent heads weigh 0)."""
         return cls(tuple((h, float(weights[h])) for h in HEADS if weights.get(h, 0.0) != 0.0))
 

@@ -48,6 +48,7 @@ from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
 from feature_store.registry import Manifest, ModelRegistry
 from feature_store.settings import AnnSettings, ApiSettings
+from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +296,7 @@ class ModelHolder:
         self.failed: dict[str, str] = {}
         """Versions that failed to load, with the reason (not retried)."""
         self.last_error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = periodic("vidrec-model-poll", lambda: self.poll_interval_s, self.poll_once)
         self._lock = threading.Lock()
 
     def poll_once(self) -> bool:
@@ -342,18 +342,7 @@ class ModelHolder:
     def start(self) -> None:
         """Load the active version now (if any), then keep polling in the background."""
         self.poll_once()
-        self._thread = threading.Thread(target=self._loop, name="vidrec-model-poll", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_interval_s):
-            try:
-                self.poll_once()
-            except Exception:  # the poller must outlive any surprise
-                log.exception("model poll failed")
+        self._worker.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._worker.stop()

@@ -26,19 +26,19 @@ is not supported on a cluster (its bulk ``DEL`` spans slots).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
 
 from feature_store.catalog.base import Video
 from feature_store.catalog.memory import read_snapshot, write_snapshot
 from feature_store.constants import CATALOG_HIDDEN, CATALOG_IDS, CATALOG_VIDEO
 from feature_store.errors import NotFound, StoreUnavailable
+from feature_store.redis_errors import redis_errors
 
 """Sorted set of hidden video ids scored by ``uploaded_at``.
 
@@ -47,17 +47,13 @@ Derived from ``CATALOG_IDS`` so it follows its layout version; belongs in
 """
 
 
-@contextmanager
-def store_errors(operation: str) -> Iterator[None]:
-    """Translate redis-py's errors into :class:`StoreUnavailable` at the boundary.
+def store_errors(operation: str) -> AbstractContextManager[None]:
+    """Redis failures as :class:`StoreUnavailable` (:mod:`feature_store.redis_errors`).
 
     ``operation`` names the store and method in the message (``"catalog
     get_many"``); shared with the activity store's Redis backend.
     """
-    try:
-        yield
-    except (redis.RedisError, RedisClusterException) as exc:  # the latter: no node answers
-        raise StoreUnavailable(f"{operation} failed: {exc}") from exc
+    return redis_errors(StoreUnavailable, f"{operation} failed")
 
 
 def _text(value: Any) -> str:

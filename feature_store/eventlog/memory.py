@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import Any
 
 from feature_store import tracing
+from feature_store.atomic import atomic_json
 from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog.base import (
     ConsumedEvent,
@@ -57,7 +58,6 @@ from feature_store.eventlog.segments import (
     StoredRecord,
     check_meta,
     read_json,
-    write_json_atomic,
 )
 from feature_store.eventlog.streams import StreamSpec, stream_spec
 from feature_store.settings import Settings
@@ -247,7 +247,7 @@ class MemoryEventLog:
             if group.committed
         }
         try:
-            write_json_atomic(self.directory / "offsets.json", data)
+            atomic_json(self.directory / "offsets.json", data, sort_keys=True)
         except OSError as exc:
             raise EventLogUnavailable(f"cannot write committed offsets: {exc}") from exc
 

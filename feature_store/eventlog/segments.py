@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from feature_store.atomic import atomic_binary, atomic_json
 from feature_store.errors import ConfigurationError, EventLogUnavailable
 
 _RECORD = struct.Struct(">qqii")
@@ -45,16 +46,6 @@ class StoredRecord:
     value: bytes
 
 
-def write_json_atomic(path: Path, data: object) -> None:
-    """Replace ``path`` with ``data`` as JSON so a reader sees the old or new file, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def read_json(path: Path) -> object | None:
     """The JSON in ``path``, or None when it does not exist."""
     try:
@@ -73,7 +64,7 @@ def check_meta(directory: Path, partitions: int) -> None:
     path = directory / "meta.json"
     meta = read_json(path)
     if meta is None:
-        write_json_atomic(path, {"partitions": partitions, "format": 1})
+        atomic_json(path, {"partitions": partitions, "format": 1}, sort_keys=True)
         return
     if not isinstance(meta, dict) or meta.get("partitions") != partitions:
         found = meta.get("partitions") if isinstance(meta, dict) else meta
@@ -260,11 +251,9 @@ class DeadLetterFile:
     def rewrite(self, letters: Iterable[StoredDeadLetter]) -> None:
         """Replace the file with ``letters`` (after retention trimmed the list)."""
         self.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as handle:
+        with atomic_binary(self.path) as handle:
             for letter in letters:
                 handle.write(_pack_dead(letter))
-        os.replace(tmp, self.path)
 
     def close(self) -> None:
         if self._handle is not None:

@@ -60,12 +60,12 @@ class FeatureExtractor:
         for j, col in enumerate(schema.categorical):
             categorical[:, j] = self.keys(col, rows)
         multi: dict[str, tuple[Keys, npt.NDArray[np.int64]]] = {}
-        for col in schema.multi_valued:
-            compute = SOURCES[col.source].compute
-            lists = [compute(r)[: col.max_len] for r in rows]
+        for multi_col in schema.multi_valued:
+            compute = SOURCES[multi_col.source].compute
+            lists = [compute(r)[: multi_col.max_len] for r in rows]
             lengths = np.fromiter(map(len, lists), np.int64, batch)
             flat = list(chain.from_iterable(lists))
-            multi[col.name] = (self._hasher(col.space()).hash_many(flat), lengths)
+            multi[multi_col.name] = (self._hasher(multi_col.space()).hash_many(flat), lengths)
         dense = dense_matrix(schema.dense, inputs_from_rows(rows, self._dense_fields))
         return FeatureValues.pack(self.layout, categorical, multi, dense)
 

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 from feature_store.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from feature_store.features.columns import Categorical, Dense, MultiValued
     from feature_store.features.schema import FeatureSchema
 
 Kind = Literal["categorical", "multi", "dense"]
@@ -173,7 +174,10 @@ def video_fields(schema: FeatureSchema) -> tuple[str, ...]:
     record needs a fresh row (its cached keys and values would be stale).
     """
     out: dict[str, None] = {}
-    for col in (*schema.categorical, *schema.multi_valued, *schema.dense):
+    columns: list[Categorical | MultiValued | Dense] = [
+        *schema.categorical, *schema.multi_valued, *schema.dense
+    ]
+    for col in columns:
         out.update(dict.fromkeys(SOURCES[col.source].fields))
     return tuple(out)
 

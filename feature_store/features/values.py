@@ -28,7 +28,7 @@ goes the other way for a request's batch. Keys are never 0 (the hasher maps
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -149,7 +149,7 @@ class FeatureValues:
         cls,
         layout: ValueLayout,
         categorical: Keys,
-        multi: dict[str, tuple[Sequence[int] | Keys, npt.NDArray[np.int64]]],
+        multi: Mapping[str, tuple[Sequence[int] | Keys, npt.NDArray[np.int64]]],
         dense: npt.NDArray[np.float32],
     ) -> FeatureValues:
         """Rows from (B, C) categorical keys, per multi column its valid keys flattened in

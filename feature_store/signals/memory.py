@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -19,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from feature_store.activity.base import HistoryEntry
+from feature_store.atomic import atomic_json
 from feature_store.catalog.base import Video
 from feature_store.events import Event
 from feature_store.signals.base import (
@@ -147,12 +146,7 @@ class MemorySignals:
                 "creators": {k: dict(v) for k, v in self._creators.items()},
             }
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".signals-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, directory / SNAPSHOT_FILE)
+        atomic_json(directory / SNAPSHOT_FILE, data)
 
     def restore(self, directory: Path) -> None:
         path = directory / SNAPSHOT_FILE

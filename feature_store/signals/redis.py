@@ -11,20 +11,20 @@ record concurrently; the rare rescale of the trending scores runs as a
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
 
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
 from feature_store.constants import COVISIT, CREATOR_VIDEOS, TRENDING, TRENDING_LANDMARK
 from feature_store.errors import StoreUnavailable
 from feature_store.events import Event
+from feature_store.redis_errors import redis_errors
 from feature_store.signals.base import (
     RESCALE_EXPONENT,
     SignalParams,
@@ -37,13 +37,9 @@ PAIR_TTL_S = 30 * 24 * 3600
 """Seconds a video's partner list lives after its last update."""
 
 
-@contextmanager
-def signal_errors(operation: str) -> Iterator[None]:
-    """Translate redis-py failures into :class:`StoreUnavailable`."""
-    try:
-        yield
-    except (redis.RedisError, RedisClusterException) as exc:  # the latter: no node answers
-        raise StoreUnavailable(f"signals {operation} failed: {exc}") from exc
+def signal_errors(operation: str) -> AbstractContextManager[None]:
+    """Redis failures as :class:`StoreUnavailable` (:mod:`feature_store.redis_errors`)."""
+    return redis_errors(StoreUnavailable, f"signals {operation} failed")
 
 
 def _text(value: bytes | str) -> str:

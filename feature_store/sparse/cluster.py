@@ -58,7 +58,6 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import AbstractConnection
 from redis.crc import key_slot
-from redis.exceptions import RedisClusterException
 
 from feature_store.constants import (
     REDIS_ROOT,
@@ -68,16 +67,24 @@ from feature_store.constants import (
     sparse_cluster_prefix,
 )
 from feature_store.errors import ConfigurationError, InvalidInput, SparseTableUnavailable
+from feature_store.redis_errors import REDIS_FAILURES, redis_errors
 from feature_store.settings import SparseSettings
 from feature_store.sparse.base import Keys, Rows, TableSpec, TableStats
 from feature_store.sparse.initializers import Initializer
 from feature_store.sparse.optimizers import as_grads, as_keys, make_optimizer
-from feature_store.sparse.redis import (
-    _glob_escape,
-    _key_bytes,
-    _Kind,
-    _value_bytes,
+from feature_store.sparse.resp import (
+    EXEC,
+    MULTI,
+    Kind,
+    glob_escape,
+    key_bytes,
+    node_for_slot,
+    node_pool,
+    pack,
+    read_reply,
+    refresh_slots,
     split_rows,
+    value_bytes,
 )
 from feature_store.sparse.snapshot import SnapshotData, read_snapshot, write_snapshot
 
@@ -99,10 +106,6 @@ class _Group(NamedTuple):
 
 class _Refused(Exception):
     """A group's commands were refused by a redirect; none of them took effect."""
-
-
-def _pack(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
 class ClusterSparseTable:
@@ -141,8 +144,8 @@ class ClusterSparseTable:
         self._chunk = chunk
         buckets = range(SPARSE_CLUSTER_BUCKETS)
 
-        def kinds(kind: str) -> list[_Kind]:
-            return [_Kind(sparse_cluster_prefix(self.model, spec.name, b, kind)) for b in buckets]
+        def kinds(kind: str) -> list[Kind]:
+            return [Kind(sparse_cluster_prefix(self.model, spec.name, b, kind)) for b in buckets]
 
         self._r, self._c = kinds(SPARSE_ROWS), kinds(SPARSE_SIGHTINGS)
         self._slots = [key_slot(kind.prefix) for kind in self._r]  # the tag is in the prefix
@@ -166,8 +169,8 @@ class ClusterSparseTable:
         return groups
 
     def _node(self, bucket: int) -> ClusterNode:
-        node = self._client.nodes_manager.get_node_from_slot(self._slots[bucket])
-        if node is None or node.redis_connection is None:
+        node = node_for_slot(self._client, self._slots[bucket])
+        if node is None:
             raise SparseTableUnavailable(f"{self._what}: no node serves bucket {bucket}")
         return node
 
@@ -191,10 +194,8 @@ class ClusterSparseTable:
             if not refused:
                 return results
             pending = refused
-            try:
-                self._client.nodes_manager.initialize()
-            except (redis.RedisError, RedisClusterException, OSError) as exc:
-                raise SparseTableUnavailable(f"{self._what}: slot map refresh: {exc}") from exc
+            with redis_errors(SparseTableUnavailable, f"{self._what}: slot map refresh"):
+                refresh_slots(self._client)
             if attempt < len(_PAUSE_S):
                 time.sleep(_PAUSE_S[attempt])
         raise SparseTableUnavailable(
@@ -221,14 +222,14 @@ class ClusterSparseTable:
         try:
             counts: dict[int, int] = {}
             for name, members in by_node.items():
-                pool = nodes[name].redis_connection.connection_pool  # type: ignore[union-attr]
-                conn = pool.get_connection()
+                pool = node_pool(nodes[name])
+                conn: AbstractConnection = pool.get_connection()
                 held.append((pool, conn))
                 payload = []
                 for i in members:
                     body, counts[i] = build(groups[i])
                     if transaction:
-                        payload += [b"*1\r\n$5\r\nMULTI\r\n", body, b"*1\r\n$4\r\nEXEC\r\n"]
+                        payload += [MULTI, body, EXEC]
                     else:
                         payload.append(body)
                 conn.send_packed_command(payload)
@@ -238,7 +239,7 @@ class ClusterSparseTable:
                         results[i] = self._read(conn, counts[i], transaction)
                     except _Refused:
                         refused.append(i)
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
+        except REDIS_FAILURES as exc:
             for _, conn in held:
                 conn.disconnect()
             raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
@@ -257,7 +258,7 @@ class ClusterSparseTable:
         replies: list[object] = []
         for _ in range(count + 2 if transaction else count):
             try:
-                replies.append(conn.read_response(disable_decoding=True))
+                replies.append(read_reply(conn))
             except redis.ResponseError as exc:
                 replies.append(exc)
         errors = [r for r in replies if isinstance(r, Exception)]
@@ -279,7 +280,7 @@ class ClusterSparseTable:
             raise errors[0]  # type: ignore[misc]
         return replies
 
-    def _decode(self, values: list[object], kind: _Kind) -> tuple[Rows, Rows, np.ndarray]:
+    def _decode(self, values: list[object], kind: Kind) -> tuple[Rows, Rows, np.ndarray]:
         """Weights, state and present mask of one bucket's ``MGET`` of rows."""
         return split_rows(values, self.spec.dim, self.state_width, self._what, kind)
 
@@ -290,7 +291,7 @@ class ClusterSparseTable:
         out = np.zeros((len(keys), self.spec.dim), dtype=np.float32)
         if not len(keys):
             return out
-        kb = _key_bytes(keys)
+        kb = key_bytes(keys)
         groups = self._groups(keys)
         replies = self._round(groups, lambda g: (self._r[g.bucket].mget(kb[g.at]), 1))
         present = np.zeros(len(keys), dtype=bool)
@@ -325,7 +326,7 @@ class ClusterSparseTable:
             return rows
         new_keys, new_kb = keys[admit], kb[admit]
         weights = self._initializer(new_keys)
-        raw = _value_bytes(weights, self.optimizer.initial_state(len(new_keys), self.spec.dim))
+        raw = value_bytes(weights, self.optimizer.initial_state(len(new_keys), self.spec.dim))
 
         def admit_rows(g: _Group) -> tuple[bytes, int]:
             b, i = g.bucket, g.at
@@ -359,7 +360,7 @@ class ClusterSparseTable:
         grads = as_grads(grads, len(keys), self.spec.dim)
         if not len(keys):
             return
-        kb = _key_bytes(keys)
+        kb = key_bytes(keys)
         groups = self._groups(keys)
         replies = self._round(groups, lambda g: (self._r[g.bucket].mget(kb[g.at]), 1))
         weights = np.zeros((len(keys), self.spec.dim), dtype=np.float32)
@@ -372,7 +373,7 @@ class ClusterSparseTable:
         if not len(kept):
             return
         new_w, new_s = self.optimizer.apply(weights[kept], state[kept], grads[kept])
-        raw, kept_kb = _value_bytes(new_w, new_s), kb[kept]
+        raw, kept_kb = value_bytes(new_w, new_s), kb[kept]
 
         def write(g: _Group) -> tuple[bytes, int]:
             return self._r[g.bucket].set(kept_kb[g.at], raw[g.at], self._ttl_ms), len(g.at)
@@ -387,7 +388,7 @@ class ClusterSparseTable:
 
     def _pattern(self, kind: str) -> bytes:
         head = f"{REDIS_ROOT}:sp:{{{self.model}:{self.spec.name}:".encode()
-        return _glob_escape(head) + b"*}:" + kind.encode() + b":*"
+        return glob_escape(head) + b"*}:" + kind.encode() + b":*"
 
     def _scan_names(self, kind: str) -> Iterator[tuple[ClusterNode, list[bytes]]]:
         """Pages of key names of ``kind`` on each primary (SCAN; a name may come twice)."""
@@ -416,10 +417,8 @@ class ClusterSparseTable:
 
     def stats(self) -> TableStats:
         """Row count by SCAN of every primary (see :mod:`.redis` for its cost)."""
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             rows = len(self._scan_keys())
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
-            raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
         return TableStats(
             rows=rows,
             admissions=self._admissions,
@@ -429,15 +428,13 @@ class ClusterSparseTable:
 
     def export(self) -> SnapshotData:
         """Every row with its state and update time (from its remaining TTL)."""
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             all_keys = self._scan_keys()
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
-            raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
         key_parts, weight_parts, state_parts, updated_parts = [], [], [], []
         for start in range(0, len(all_keys), self._chunk):
             keys = all_keys[start : start + self._chunk]
             groups = self._groups(keys)
-            replies = self._round(groups, self._read_with_ttl(_key_bytes(keys)))
+            replies = self._round(groups, self._read_with_ttl(key_bytes(keys)))
             now = time.time()
             weights = np.zeros((len(keys), self.spec.dim), dtype=np.float32)
             state = np.zeros((len(keys), self.state_width), dtype=np.float32)
@@ -491,30 +488,28 @@ class ClusterSparseTable:
         ).astype(np.int64)
         if not len(data.keys):
             return 0
-        kb = _key_bytes(data.keys)
-        raw = _value_bytes(data.weights, data.state)
+        kb = key_bytes(data.keys)
+        raw = value_bytes(data.weights, data.state)
 
         def write(g: _Group) -> tuple[bytes, int]:
             prefix = self._r[g.bucket].prefix
             parts = []
             for i in g.at.tolist():
                 ttl = b"%d" % remaining_ms[i]
-                parts.append(_pack(b"SET", prefix + kb[i].tobytes(), raw[i].tobytes(), b"PX", ttl))
+                parts.append(pack(b"SET", prefix + kb[i].tobytes(), raw[i].tobytes(), b"PX", ttl))
             return b"".join(parts), len(g.at)
 
         self._round(self._groups(data.keys), write, transaction=True)
         return len(data.keys)
 
     def clear(self) -> None:
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             for kind in (SPARSE_ROWS, SPARSE_SIGHTINGS):
                 for node, names in self._scan_names(kind):
                     pipe = node.redis_connection.pipeline(transaction=False)  # type: ignore[union-attr]
                     for name in names:  # one key per UNLINK: names span slots
                         pipe.unlink(name)
                     pipe.execute()
-        except (redis.RedisError, RedisClusterException, OSError) as exc:
-            raise SparseTableUnavailable(f"{self._what}: {exc}") from exc
 
     def close(self) -> None:
         """Close the client if this table owns it; a borrowed client stays open."""

@@ -14,11 +14,11 @@ from types import TracebackType
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from feature_store.breaker import Breaker, BreakerBackoff, BreakerConnection, redis_probe
 from feature_store.errors import ConfigurationError, SparseTableUnavailable
+from feature_store.redis_errors import redis_errors
 from feature_store.settings import RedisSettings, Settings
 from feature_store.sparse.base import SparseTable, TableSpec
 from feature_store.sparse.cluster import ClusterSparseTable
@@ -60,7 +60,7 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
 
 def connect_cluster(settings: RedisSettings) -> RedisCluster:
     """A :class:`RedisCluster` client from a seed node's URL (binary replies)."""
-    try:
+    with redis_errors(SparseTableUnavailable, f"Redis Cluster at {settings.url}"):
         return RedisCluster.from_url(
             settings.url,
             socket_timeout=settings.socket_timeout_s,
@@ -68,8 +68,6 @@ def connect_cluster(settings: RedisSettings) -> RedisCluster:
             max_connections=settings.max_connections,
             decode_responses=False,
         )
-    except (redis.RedisError, RedisClusterException, OSError) as exc:
-        raise SparseTableUnavailable(f"Redis Cluster at {settings.url}: {exc}") from exc
 
 
 def open_table(

@@ -48,12 +48,9 @@ connection) may have written some of its rows; the trainer retries the
 batch and those rows take its gradient twice, as the tables pushed before
 the failure do.
 
-Commands are packed by numpy rather than by redis-py: every key of a table
-has the same length and every row the same byte size, so a chunk's ``MGET``
-or ``SET`` commands are fixed-width records assembled in a few vectorized
-copies and sent with the client's own connection (``send_packed_command``,
-``read_response``). Packing 8,192 ``SET`` commands through redis-py's
-pipeline costs more than the network and Redis together.
+Commands are packed by numpy rather than by redis-py, and replies read
+straight from the connection's parser: :mod:`.resp` does both (it is the
+one module touching redis-py's internals).
 
 The client is the caller's: the table borrows connections from its pool and
 closes it only if it was handed ``owns_client=True`` (see
@@ -80,8 +77,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 
@@ -91,95 +88,23 @@ from redis.connection import AbstractConnection
 
 from feature_store.constants import SPARSE_ROWS, SPARSE_SIGHTINGS, sparse_prefix
 from feature_store.errors import ConfigurationError, InvalidInput, SparseTableUnavailable
+from feature_store.redis_errors import redis_errors
 from feature_store.settings import SparseSettings
 from feature_store.sparse.base import Keys, Rows, TableSpec, TableStats
 from feature_store.sparse.initializers import Initializer
 from feature_store.sparse.optimizers import as_grads, as_keys, make_optimizer
+from feature_store.sparse.resp import (
+    Kind,
+    borrowed,
+    key_bytes,
+    read_replies,
+    read_reply,
+    split8,
+    split_rows,
+    value_bytes,
+)
 from feature_store.sparse.snapshot import SnapshotData, read_snapshot, write_snapshot
 from feature_store.sparse.steps import Steps, run
-
-_CRLF = b"\r\n"
-
-
-
-def _records(n: int, parts: Sequence[bytes | np.ndarray]) -> bytes:
-    """``n`` fixed-width records, each the concatenation of ``parts``.
-
-    A ``bytes`` part is the same in every record; an array part is ``(n,
-    width)`` uint8, one row per record.
-    """
-    widths = [len(p) if isinstance(p, bytes) else p.shape[1] for p in parts]
-    out = np.empty((n, sum(widths)), dtype=np.uint8)
-    col = 0
-    for part, width in zip(parts, widths, strict=True):
-        out[:, col : col + width] = (
-            np.frombuffer(part, np.uint8) if isinstance(part, bytes) else part
-        )
-        col += width
-    return out.tobytes()
-
-
-def _key_bytes(keys: Keys) -> np.ndarray:
-    """``(n, 8)`` uint8: each key big-endian (so a prefix scan lists keys in order)."""
-    return keys.astype(">u8").view(np.uint8).reshape(len(keys), 8)
-
-
-def _row_bytes(rows: Rows) -> np.ndarray:
-    """``(n, 4 * width)`` uint8 view of little-endian float32 rows."""
-    rows = np.ascontiguousarray(rows, dtype="<f4")
-    return rows.view(np.uint8).reshape(len(rows), -1)
-
-
-def _value_bytes(weights: Rows, state: Rows) -> np.ndarray:
-    """``(n, 4 * (dim + state_width))`` uint8: each row's stored value, weights then state."""
-    return _row_bytes(np.concatenate((weights, state), axis=1))
-
-
-def _glob_escape(prefix: bytes) -> bytes:
-    for char in (b"\\", b"*", b"?", b"[", b"]"):
-        prefix = prefix.replace(char, b"\\" + char)
-    return prefix
-
-
-class _Kind:
-    """Command builders for the keys of one prefix (rows or counters)."""
-
-    def __init__(self, prefix: bytes) -> None:
-        self.prefix = prefix
-        self.key_len = len(prefix) + 8
-        self._key_head = b"$%d\r\n" % self.key_len + prefix
-        self.pattern = _glob_escape(prefix) + b"*"
-
-    def mget(self, kb: np.ndarray) -> bytes:
-        """One ``MGET`` of ``kb``'s keys."""
-        return b"*%d\r\n$4\r\nMGET\r\n" % (len(kb) + 1) + _records(
-            len(kb), (self._key_head, kb, _CRLF)
-        )
-
-    def set(self, kb: np.ndarray, values: np.ndarray, ttl_ms: int, nx: bool = False) -> bytes:
-        """``SET key value PX ttl [NX]`` for each row of ``kb``/``values``."""
-        head = b"*6\r\n$3\r\nSET\r\n" if nx else b"*5\r\n$3\r\nSET\r\n"
-        ttl = b"%d" % ttl_ms
-        tail = b"\r\n$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
-        if nx:
-            tail += b"$2\r\nNX\r\n"
-        value_head = b"\r\n$%d\r\n" % values.shape[1]
-        return _records(len(kb), (head + self._key_head, kb, value_head, values, tail))
-
-    def incr_pexpire(self, kb: np.ndarray, ttl_ms: int) -> bytes:
-        ttl = b"%d" % ttl_ms
-        incr_tail = b"\r\n"
-        expire_head = b"*3\r\n$7\r\nPEXPIRE\r\n" + self._key_head
-        expire_tail = b"\r\n$%d\r\n%s\r\n" % (len(ttl), ttl)
-        return _records(
-            len(kb),
-            (b"*2\r\n$4\r\nINCR\r\n" + self._key_head, kb, incr_tail, expire_head, kb, expire_tail),
-        )
-
-    def simple(self, command: bytes, kb: np.ndarray) -> bytes:
-        """``COMMAND key`` for each key (PTTL, DEL...)."""
-        head = b"*2\r\n$%d\r\n%s\r\n" % (len(command), command) + self._key_head
-        return _records(len(kb), (head, kb, _CRLF))
 
 
 class RedisSparseTable:
@@ -216,34 +141,18 @@ class RedisSparseTable:
         self._client = client
         self._owns_client = owns_client
         self._chunk = chunk
-        self._r = _Kind(sparse_prefix(self.model, spec.name, SPARSE_ROWS))
-        self._c = _Kind(sparse_prefix(self.model, spec.name, SPARSE_SIGHTINGS))
+        self._r = Kind(sparse_prefix(self.model, spec.name, SPARSE_ROWS))
+        self._c = Kind(sparse_prefix(self.model, spec.name, SPARSE_SIGHTINGS))
         self._value_bytes = 4 * (spec.dim + self.state_width)
         self._admissions = 0
         self._counter_lock = threading.Lock()  # one table object may serve several threads
+        self._what = f"sparse table {spec.name!r}"
 
     # --- plumbing -----------------------------------------------------
 
-    @contextmanager
-    def _connection(self) -> Iterator[AbstractConnection]:
-        """A pooled connection; redis-py errors become ``SparseTableUnavailable``."""
-        pool = self._client.connection_pool
-        try:
-            conn = pool.get_connection()
-        except (redis.RedisError, OSError) as exc:
-            raise SparseTableUnavailable(
-                f"sparse table {self.spec.name!r}: Redis unreachable: {exc}"
-            ) from exc
-        try:
-            yield conn
-        except (redis.RedisError, OSError) as exc:
-            conn.disconnect()
-            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
-        except BaseException:
-            conn.disconnect()  # its reply stream may be out of step with its commands
-            raise
-        finally:
-            pool.release(conn)
+    def _connection(self) -> AbstractContextManager[AbstractConnection]:
+        """A pooled connection; Redis failures become ``SparseTableUnavailable``."""
+        return borrowed(self._client.connection_pool, SparseTableUnavailable, self._what)
 
     @staticmethod
     def _replies(conn: AbstractConnection, count: int) -> list[object]:
@@ -300,12 +209,12 @@ class RedisSparseTable:
         out = np.empty((len(keys), self.spec.dim), dtype=np.float32)
         with self._connection() as conn:
             parts = list(self._chunks(len(keys)))
-            kb = _key_bytes(keys)
+            kb = key_bytes(keys)
             conn.send_packed_command([self._r.mget(kb[part]) for part in parts])
             yield
             missing = []
             for part in parts:
-                present = self._weights_into(conn.read_response(disable_decoding=True), out[part])
+                present = self._weights_into(read_reply(conn), out[part])
                 if train and not present.all():
                     missing.append(part.start + np.flatnonzero(~present))
             if missing:
@@ -330,7 +239,7 @@ class RedisSparseTable:
             return rows
         new_keys, new_kb = keys[admit], kb[admit]
         weights = self._initializer(new_keys)
-        values = _value_bytes(weights, self.optimizer.initial_state(len(new_keys), self.spec.dim))
+        values = value_bytes(weights, self.optimizer.initial_state(len(new_keys), self.spec.dim))
         parts = list(self._chunks(len(new_keys)))
         for part in parts:
             body = [self._r.set(new_kb[part], values[part], self._ttl_ms, nx=True)]
@@ -351,7 +260,7 @@ class RedisSparseTable:
             lost = np.flatnonzero(~created)
             conn.send_packed_command([self._r.mget(new_kb[lost])])
             yield
-            theirs, _, there = self._split(conn.read_response(disable_decoding=True))
+            theirs, _, there = self._split(read_reply(conn))
             weights[lost[there]] = theirs[there]
         rows[admit] = weights
         return rows
@@ -362,12 +271,12 @@ class RedisSparseTable:
         grads = as_grads(grads, len(keys), self.spec.dim)
         with self._connection() as conn:
             parts = list(self._chunks(len(keys)))
-            kb = _key_bytes(keys)
+            kb = key_bytes(keys)
             conn.send_packed_command([self._r.mget(kb[part]) for part in parts])
             yield
             written = 0
             for part in parts:
-                weights, state, present = self._split(conn.read_response(disable_decoding=True))
+                weights, state, present = self._split(read_reply(conn))
                 chunk_kb, chunk_grads = kb[part], grads[part]
                 if not present.all():  # not admitted or expired: the gradient is dropped
                     chunk_kb, chunk_grads = chunk_kb[present], chunk_grads[present]
@@ -376,7 +285,7 @@ class RedisSparseTable:
                     continue
                 weights, state = self.optimizer.apply(weights, state, chunk_grads)
                 conn.send_packed_command(
-                    [self._r.set(chunk_kb, _value_bytes(weights, state), self._ttl_ms)]
+                    [self._r.set(chunk_kb, value_bytes(weights, state), self._ttl_ms)]
                 )
                 written += len(chunk_kb)
             if written:
@@ -387,7 +296,7 @@ class RedisSparseTable:
         """Nothing to do: Redis expires rows itself (``PX`` on every write)."""
         return 0
 
-    def _scan(self, kind: _Kind) -> Iterator[list[bytes]]:
+    def _scan(self, kind: Kind) -> Iterator[list[bytes]]:
         """Batches of the names of ``kind``'s keys (SCAN; a key may come twice)."""
         cursor = 0
         while True:
@@ -399,13 +308,11 @@ class RedisSparseTable:
 
     def stats(self) -> TableStats:
         """Row count by SCAN (see the module doc for its cost); 8 bytes of memory per row."""
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             parts = [
                 np.frombuffer(b"".join(n[-8:] for n in batch if len(n) == self._r.key_len), ">u8")
                 for batch in self._scan(self._r)
             ]
-        except (redis.RedisError, OSError) as exc:
-            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
         # SCAN may return a key twice (when Redis resizes its hash table mid-scan): dedupe.
         rows = len(np.unique(np.concatenate(parts))) if parts else 0
         return TableStats(
@@ -419,7 +326,7 @@ class RedisSparseTable:
         """Every row with its state and update time (from its remaining TTL), via SCAN."""
         key_parts, weight_parts, state_parts, updated_parts = [], [], [], []
         seen: set[bytes] = set()
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             with self._connection() as conn:
                 for names in self._scan(self._r):
                     fresh = [n for n in names if len(n) == self._r.key_len and n not in seen]
@@ -427,10 +334,10 @@ class RedisSparseTable:
                     if not fresh:
                         continue
                     keys = np.frombuffer(b"".join(n[-8:] for n in fresh), dtype=">u8")
-                    kb = _key_bytes(keys.astype(np.uint64))
+                    kb = key_bytes(keys.astype(np.uint64))
                     conn.send_packed_command([self._r.mget(kb), self._r.simple(b"PTTL", kb)])
                     weights, state, ok = split_rows(
-                        conn.read_response(disable_decoding=True),
+                        read_reply(conn),
                         self.spec.dim,
                         self.state_width,
                         f"sparse table {self.spec.name!r}",
@@ -444,8 +351,6 @@ class RedisSparseTable:
                     weight_parts.append(weights[ok])
                     state_parts.append(state[ok])
                     updated_parts.append((now - (self._ttl_s - remaining_s))[ok])
-        except (redis.RedisError, OSError) as exc:
-            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
         if not key_parts:
             return SnapshotData.empty(self.spec, self.state_width)
         keys = np.concatenate(key_parts)
@@ -475,27 +380,23 @@ class RedisSparseTable:
         remaining_ms = np.maximum(
             1, np.round((data.updated_at + self._ttl_s - time.time()) * 1000)
         ).astype(np.int64)
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             for part in self._chunks(len(data.keys)):
                 pipe = self._client.pipeline(transaction=False)
-                names = [self._r.prefix + k for k in _split8(_key_bytes(data.keys[part]))]
-                values = _value_bytes(data.weights[part], data.state[part])
+                names = [self._r.prefix + k for k in split8(key_bytes(data.keys[part]))]
+                values = value_bytes(data.weights[part], data.state[part])
                 for name, value, ttl in zip(
                     names, values, remaining_ms[part].tolist(), strict=True
                 ):
                     pipe.set(name, value.tobytes(), px=ttl)
                 pipe.execute()
-        except (redis.RedisError, OSError) as exc:
-            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
         return len(data.keys)
 
     def clear(self) -> None:
-        try:
+        with redis_errors(SparseTableUnavailable, self._what):
             for kind in (self._r, self._c):
                 for names in self._scan(kind):
                     self._client.unlink(*names)
-        except (redis.RedisError, OSError) as exc:
-            raise SparseTableUnavailable(f"sparse table {self.spec.name!r}: {exc}") from exc
 
     def close(self) -> None:
         """Close the client if this table owns it; a borrowed client stays open."""
@@ -515,70 +416,3 @@ class RedisSparseTable:
 
     def __repr__(self) -> str:
         return f"RedisSparseTable({self.model!r}/{self.spec.name!r}, dim={self.spec.dim})"
-
-
-def read_replies(conn: AbstractConnection, count: int) -> list[object]:
-    """The next ``count`` replies on ``conn``, undecoded; the first error reply is raised.
-
-    A push reads one ``+OK`` per row (about 4,000 a batch), and the
-    connection's ``read_response`` spends most of its ~0.8 µs a reply in
-    bookkeeping (formatting the host name for error messages, health-check
-    timestamps) around its parser's. This asks the parser directly
-    (``conn._parser``, redis-py's for as long as it has had pluggable
-    parsers), which returns an error reply as an exception object and raises
-    redis-py's timeout and connection errors itself: 4,000 ``SET`` replies
-    took 3.2-3.6 ms of this thread's CPU through ``read_response``, 1.5-1.9 ms
-    here (hiredis parser, local redis-server). A connection without that
-    attribute is read through ``read_response``.
-    """
-    read = getattr(getattr(conn, "_parser", None), "read_response", None)
-    if read is None:
-        return [conn.read_response(disable_decoding=True) for _ in range(count)]
-    replies = [read(disable_decoding=True) for _ in range(count)]
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
-
-
-def _split8(kb: np.ndarray) -> list[bytes]:
-    raw = kb.tobytes()
-    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
-
-
-def decode_rows(
-    values: list[object], width_bytes: int, what: str, kind: _Kind
-) -> tuple[Rows, np.ndarray]:
-    """Rows ``(n, width)`` from an MGET reply (zeros where missing) and the present mask.
-
-    A value of the wrong length (another writer with another dim or
-    optimizer) raises ``SparseTableUnavailable`` rather than being misread.
-    """
-    n = len(values)
-    width = width_bytes // 4
-    present = np.fromiter(map(bool, values), dtype=bool, count=n)
-    joined = b"".join(filter(None, values))  # type: ignore[arg-type]
-    count = int(present.sum())
-    if len(joined) != count * width_bytes:
-        raise SparseTableUnavailable(
-            f"{what}: a value under {kind.prefix!r} is not "
-            f"{width_bytes} bytes (another writer with another dim or optimizer?)"
-        )
-    found = np.frombuffer(joined, dtype="<f4").reshape(count, width)
-    if count == n:
-        return found.astype(np.float32), present
-    rows = np.zeros((n, width), dtype=np.float32)
-    rows[present] = found
-    return rows, present
-
-
-def split_rows(
-    values: list[object], dim: int, state_width: int, what: str, kind: _Kind
-) -> tuple[Rows, Rows, np.ndarray]:
-    """Weights ``(n, dim)`` and state ``(n, state_width)`` from an MGET reply of rows.
-
-    Zeros where a row is missing; the third array says which are present.
-    Both are contiguous copies, so the optimizer and the caller may keep them.
-    """
-    rows, present = decode_rows(values, 4 * (dim + state_width), what, kind)
-    return np.ascontiguousarray(rows[:, :dim]), np.ascontiguousarray(rows[:, dim:]), present

@@ -28,7 +28,7 @@ the writes, and finishes them before its journal line.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from feature_store.sparse.base import Keys, Rows, SparseTable
 
@@ -48,7 +48,7 @@ class SteppedTable(Protocol):
     def push_steps(self, keys: Keys, grads: Rows) -> Steps[None]: ...
 
 
-def _stepped(table: object) -> bool:
+def _stepped(table: object) -> TypeGuard[SteppedTable]:
     """``isinstance(table, SteppedTable)``, without the Protocol check's cost (two
     attribute lookups instead of several microseconds per table and batch)."""
     return hasattr(table, "pull_steps") and hasattr(table, "push_steps")

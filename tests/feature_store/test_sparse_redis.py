@@ -168,33 +168,3 @@ def test_a_refused_write_drops_the_connection_not_the_table(client: redis.Redis)
             table._replies(conn, 3)  # noqa: SLF001
     table.push(np.array([1, 2], dtype=np.uint64), np.ones((2, 4), dtype=np.float32))
     assert client.ping() and table.stats().rows == 2
-
-
-class _NoParser:
-    """A connection seen through ``read_response`` only (no ``_parser``)."""
-
-    def __init__(self, conn: object) -> None:
-        self.read_response = conn.read_response  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("through_parser", [True, False])
-def test_read_replies_reads_in_order_and_raises_error_replies(
-    client: redis.Redis, through_parser: bool
-) -> None:
-    from feature_store.sparse.redis import read_replies
-
-    def pack(*args: bytes) -> bytes:
-        return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
-
-    conn = client.connection_pool.get_connection()
-    try:
-        source = conn if through_parser else _NoParser(conn)
-        commands = [(b"SET", b"k", b"v"), (b"GET", b"k"), (b"GET", b"none"), (b"INCR", b"n")]
-        conn.send_packed_command([pack(*c) for c in commands])
-        assert read_replies(source, 4) == [b"OK", b"v", None, 1]  # type: ignore[arg-type]
-        conn.send_packed_command([pack(b"INCR", b"k"), pack(b"PING")])
-        with pytest.raises(redis.ResponseError, match="not an integer"):
-            read_replies(source, 2)  # type: ignore[arg-type]
-    finally:
-        conn.disconnect()  # a reply may be left unread after the error
-        client.connection_pool.release(conn)
