@@ -36,19 +36,19 @@ import bisect
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import xxhash
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
-    field_validator,
     model_serializer,
 )
 
@@ -66,15 +66,24 @@ _SPACE = 2**64
 
 Head = Literal["engagement", "watch", "negative"]
 """A ranking head of the model (``feature_store.model_io.HEADS`` is their output order)."""
-RankingWeights = dict[Head, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]]
+
+
+def _nonzero(weight: float) -> float:
+    if weight == 0:
+        raise ValueError("a weight of 0: leave the head out instead")
+    return weight
+
+
+HeadWeight = Annotated[
+    float,
+    Field(ge=-100, le=100, allow_inf_nan=False, json_schema_extra={"not": {"const": 0}}),
+    AfterValidator(_nonzero),
+]
+"""One head's weight: non-zero, so that weights naming at least one head (``min_length``)
+always rank by something; the OpenAPI schema says the same (``not: {const: 0}``)."""
+RankingWeights = Annotated[dict[Head, HeadWeight], Field(min_length=1)]
 """Weight of each ranking head in the served score (``app/scoring/fusion.py``): a head
 absent weighs 0; a negative weight rewards a *low* probability of that head."""
-
-
-def check_ranking_weights(weights: Mapping[Head, float]) -> None:
-    """ValueError unless some head has a non-zero weight (all zero would rank nothing)."""
-    if not any(w != 0 for w in weights.values()):
-        raise ValueError("at least one head needs a non-zero weight")
 
 
 class Arm(BaseModel):
@@ -90,13 +99,6 @@ class Arm(BaseModel):
     fusion: RankingWeights | None = None
     """Weights over the ranking heads for this arm's users (None: ``api.ranking_weights``):
     an arm may differ from another by its model family, its weights, or both."""
-
-    @field_validator("fusion")
-    @classmethod
-    def _some_weight(cls, value: RankingWeights | None) -> RankingWeights | None:
-        if value is not None:
-            check_ranking_weights(value)
-        return value
 
     @model_serializer(mode="wrap")
     def _without_default_fusion(self, handler: SerializerFunctionWrapHandler) -> Any:

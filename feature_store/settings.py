@@ -24,7 +24,6 @@ from feature_store.experiments import (
     ExperimentSpec,
     Head,
     RankingWeights,
-    check_ranking_weights,
 )
 
 
@@ -288,10 +287,6 @@ class ApiSettings(_Section):
 
     @model_validator(mode="after")
     def _check_buckets(self) -> ApiSettings:
-        try:
-            check_ranking_weights(self.ranking_weights)
-        except ValueError as exc:
-            raise ConfigurationError(f"api.ranking_weights: {exc}") from exc
         if not self.batch_buckets or list(self.batch_buckets) != sorted(set(self.batch_buckets)):
             raise ConfigurationError("api.batch_buckets: must be increasing and non-empty")
         if self.batch_buckets[-1] < self.max_candidates:

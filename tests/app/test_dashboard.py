@@ -173,7 +173,7 @@ def test_user_insight_shows_history_and_sources(live: TestClient) -> None:
     assert {"video_id", "watch_ratio", "category"} <= set(user["history"][0])
     assert user["recommendations"]
     assert {r["source"] for r in user["recommendations"]} <= {
-        "covisit", "creators", "trending", "fresh"
+        "embedding", "covisit", "creators", "trending", "fresh"
     }
     watched = {h["video_id"] for h in user["history"]}
     assert not watched & {r["video_id"] for r in user["recommendations"]}

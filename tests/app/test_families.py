@@ -76,6 +76,7 @@ def test_promoted_family_is_served_from_its_own_tables_and_rolls_back(
     with ExitStack() as stack:
         client = stack.enter_context(TestClient(create_app(app_settings)))
         service = service_of(client)
+        service.recommender.rerank = None  # raw model scores: no cold-start cap (no engagement)
         resources = service.resources
         registry, schema = resources.registry, resources.schema
         resources.catalog.upsert(VIDEOS)

@@ -16,7 +16,6 @@ from app.scoring.onnx_model import load_model
 from app.scoring.scorer import Scorer
 from feature_store import model_io
 from feature_store.activity.base import VideoStats
-from feature_store.errors import ConfigurationError
 from feature_store.events import EventContext
 from feature_store.experiments import Arm
 from feature_store.features import default_schema
@@ -65,8 +64,10 @@ def test_fused_score_is_in_0_1_and_monotone_in_each_head() -> None:
 
 
 def test_weights_are_validated_with_the_field_named() -> None:
-    with pytest.raises(ConfigurationError, match="api.ranking_weights"):
+    with pytest.raises(ValueError, match="ranking_weights.engagement"):
         ApiSettings(ranking_weights={"engagement": 0.0})
+    with pytest.raises(ValueError, match="ranking_weights"):
+        ApiSettings(ranking_weights={})
     with pytest.raises(ValueError, match="ranking_weights"):
         ApiSettings(ranking_weights={"clicks": 1.0})  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="fusion"):

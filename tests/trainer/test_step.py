@@ -68,6 +68,8 @@ def test_overlapped_pushes_land_before_settle_returns_and_match_inline() -> None
     batch = inline.extractor.extract(rows)
     keys = {**batch.table_keys, "wide": batch.wide_keys}
     for name, table in inline_tables.items():
+        if name not in keys:  # the retrieval towers' tables: not the ranker's to push
+            continue
         assert overlapped_tables[name].pushes == table.pushes
         np.testing.assert_allclose(
             overlapped_tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6
@@ -132,6 +134,8 @@ def test_begun_pushes_land_at_settle_and_before_the_next_pull() -> None:
     batch = trainer.extractor.extract(rows)
     keys = {**batch.table_keys, "wide": batch.wide_keys}
     for name, table in reference_tables.items():
+        if name not in keys:  # the retrieval towers' tables: not the ranker's to push
+            continue
         assert tables[name].pushes == table.pushes
         np.testing.assert_allclose(tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6)
 
