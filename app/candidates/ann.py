@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
@@ -41,6 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from feature_store.atomic import atomic_binary, atomic_json
 from feature_store.errors import InvalidInput
 from feature_store.settings import AnnSettings
 
@@ -415,8 +415,9 @@ class VideoIndex:
 
     def save(self, directory: Path | str) -> Path:
         """Write the index under ``directory``: arrays first (named by a fresh generation),
-        the header last by an atomic rename, then the previous generation's files are
-        deleted. A crash mid-save leaves the previous index loadable."""
+        the header last, each replaced atomically (:mod:`feature_store.atomic`), then the
+        previous generation's files are deleted. A crash mid-save leaves the previous
+        index loadable."""
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         state = self._state
@@ -433,7 +434,8 @@ class VideoIndex:
         files = {}
         for name, array in arrays.items():
             files[name] = f"{name}-{generation}.npy"
-            np.save(root / files[name], array, allow_pickle=False)
+            with atomic_binary(root / files[name]) as out:
+                np.save(out, array, allow_pickle=False)
         header = {
             "format": FORMAT_VERSION,
             "kind": self.kind,
@@ -444,9 +446,7 @@ class VideoIndex:
             "changes": state.changes,
             "files": files,
         }
-        tmp = root / f"{HEADER}.{generation}.tmp"
-        tmp.write_text(json.dumps(header, indent=1), encoding="utf-8")
-        os.replace(tmp, root / HEADER)
+        atomic_json(root / HEADER, header, indent=1)
         for stale in root.glob("*.npy"):
             if stale.name not in files.values():
                 stale.unlink(missing_ok=True)

@@ -91,7 +91,7 @@ def test_two_builds_are_identical_whatever_the_input_order(data, queries, built)
 
 
 def hidden_everywhere(index: VideoIndex | LiveIndex, hidden: set[str], queries) -> None:
-    """No query returns a hidden video, even when asking for every video."""
+    """No query returns a hidden video, even when asking for as many as there are videos."""
     for q in queries[:10]:
         got, _ = index.search(q, N)
         assert not hidden & set(got)

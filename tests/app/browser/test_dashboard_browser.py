@@ -86,6 +86,11 @@ def test_export_rollback_pause_resume(page: Any, live_url: str) -> None:
     page.wait_for_function(
         "(v) => document.getElementById('kpi-served-version').textContent === v", arg=v2
     )
+    # The exported towers' video index: its kind, size and age on the serving panel.
+    page.wait_for_function(
+        "() => /^exact, [0-9,]+ videos, [0-9.]+ (s|min|h) old/"
+        ".test(document.getElementById('kpi-index').textContent)"
+    )
 
     back = confirm_action(page, "#btn-rollback")
     assert "rollback: done" in back and v1 in back, back
