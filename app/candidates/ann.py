@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
@@ -41,6 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from feature_store.atomic import atomic_json
 from feature_store.errors import InvalidInput
 from feature_store.settings import AnnSettings
 
@@ -444,9 +444,7 @@ class VideoIndex:
             "changes": state.changes,
             "files": files,
         }
-        tmp = root / f"{HEADER}.{generation}.tmp"
-        tmp.write_text(json.dumps(header, indent=1), encoding="utf-8")
-        os.replace(tmp, root / HEADER)
+        atomic_json(root / HEADER, header, indent=1)
         for stale in root.glob("*.npy"):
             if stale.name not in files.values():
                 stale.unlink(missing_ok=True)
