@@ -96,7 +96,10 @@ def test_begun_pushes_land_at_settle_and_before_the_next_pull() -> None:
     keys = {**batch.table_keys, "wide": batch.wide_keys}
     for name, table in reference_tables.items():
         assert tables[name].pushes == table.pushes
-        np.testing.assert_allclose(tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6)
+        if name in keys:  # the two-tower tables (tt_*) are not the ranker's: never pushed here
+            np.testing.assert_allclose(
+                tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6
+            )
 
 
 def test_a_begun_push_that_fails_is_retried_alone_by_the_next_settle() -> None:
