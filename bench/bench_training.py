@@ -67,8 +67,8 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _settings(data_dir: Path, backend: str, batch: int, threads: int, redis_url: str | None,
-              prefetch: bool = False, overlap_push: bool = False) -> Settings:
+def _settings(data_dir: Path, backend: str, batch: int, threads: int,
+              redis_url: str | None) -> Settings:
     overrides: dict[str, Any] = {
         "data_dir": data_dir,
         "sparse": {"backend": backend},
@@ -78,8 +78,6 @@ def _settings(data_dir: Path, backend: str, batch: int, threads: int, redis_url:
             "export_every_s": 0,
             "checkpoint_every_s": 1e9,
             "threads": threads,
-            "prefetch": prefetch,
-            "overlap_push": overlap_push,
         },
     }
     if redis_url is not None:
@@ -201,8 +199,6 @@ def run(
     backends: tuple[str, ...] = ("memory", "redis"),
     threads: int = 1,
     redis_url: str | None = None,
-    prefetch: bool = False,
-    overlap_push: bool = False,
 ) -> list[dict[str, Any]]:
     """Measure; one dict per figure: ``figure``, ``value`` and ``floor`` (events/s),
     ``ratio`` (floor time / pipeline time), ``unit``, ``note``."""
@@ -225,8 +221,7 @@ def run(
                 server.start()
                 url = server.url
             try:
-                settings = _settings(Path(tmp) / backend, backend, batch, threads, url, prefetch,
-                                     overlap_push)
+                settings = _settings(Path(tmp) / backend, backend, batch, threads, url)
                 figures = pipeline_rate(settings, SyntheticWorld(world.config), stream, warmup,
                                         measured=events)
             finally:
@@ -268,17 +263,11 @@ def main() -> None:
     parser.add_argument("--backends", default="memory,redis")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: default)")
     parser.add_argument("--redis-url", default=None)
-    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=False,
-                        help="poll the next batch in a second thread (trainer.prefetch)")
-    parser.add_argument("--overlap-push", action=argparse.BooleanOptionalAction, default=False,
-                        help="Redis tables: push beside the dense step and activity record "
-                             "(trainer.overlap_push)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     results = run(
         events=args.events, warmup=args.warmup, batch=args.batch,
         backends=tuple(args.backends.split(",")), threads=args.threads, redis_url=args.redis_url,
-        prefetch=args.prefetch, overlap_push=args.overlap_push,
     )
     print({**machine(), "load_average_before": load_before})
     print(_format(results))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,10 +108,15 @@ class Resources:
             self.served_log.close()
         self.event_log.close()
         if self.redis_client is not None:
-            breaker = redis_breaker(self.redis_client)
-            if breaker is not None:
-                breaker.close()
-            self.redis_client.close()
+            _close_redis(self.redis_client)
+
+
+def _close_redis(client: redis.Redis) -> None:
+    """Close ``client`` and stop its circuit breaker's prober, if it has one."""
+    breaker = redis_breaker(client)
+    if breaker is not None:
+        breaker.close()
+    client.close()
 
 
 class Families:
@@ -287,31 +292,45 @@ def open_resources(
         settings = settings.model_copy(update={"sparse": sparse})
     data_dir = settings.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    client = open_redis(settings) if needs_redis(settings) else None
-    store_client = client if settings.stores.backend == "redis" else None
-    resources = Resources(
-        settings=settings,
-        schema=schema,
-        event_log=open_event_log(
+    # Each client is closed if a later one fails to open; once all are open,
+    # ``Resources.close`` owns them (pop_all).
+    with ExitStack() as opened:
+        client = open_redis(settings) if needs_redis(settings) else None
+        if client is not None:
+            opened.callback(_close_redis, client)
+        store_client = client if settings.stores.backend == "redis" else None
+        event_log = open_event_log(
             settings, data_dir=data_dir / "eventlog", wait=wait_for_event_log
-        ),
-        catalog=open_catalog(settings, redis_client=store_client, data_dir=data_dir / "catalog"),
-        activity=open_activity(settings, redis_client=store_client, data_dir=data_dir / "activity"),
-        registry=ModelRegistry(data_dir / "registry"),
-        tables={
-            spec.name: open_table(spec, settings, redis_client=client)
-            for spec in table_specs(schema, settings)
-        },
-        redis_client=client,
-        served_log=(
-            open_event_log(
-                settings, data_dir=data_dir / "eventlog", stream="served",
-                wait=wait_for_event_log,
+        )
+        opened.callback(event_log.close)
+        catalog = open_catalog(settings, redis_client=store_client, data_dir=data_dir / "catalog")
+        opened.callback(catalog.close)
+        activity = open_activity(
+            settings, redis_client=store_client, data_dir=data_dir / "activity"
+        )
+        opened.callback(activity.close)
+        tables: dict[str, SparseTable] = {}
+        for spec in table_specs(schema, settings):
+            tables[spec.name] = table = open_table(spec, settings, redis_client=client)
+            opened.callback(table.close)
+        served_log = None
+        if settings.served_log.enabled:
+            served_log = open_event_log(
+                settings, data_dir=data_dir / "eventlog", stream="served", wait=wait_for_event_log
             )
-            if settings.served_log.enabled
-            else None
-        ),
-    )
+            opened.callback(served_log.close)
+        resources = Resources(
+            settings=settings,
+            schema=schema,
+            event_log=event_log,
+            catalog=catalog,
+            activity=activity,
+            registry=ModelRegistry(data_dir / "registry"),
+            tables=tables,
+            redis_client=client,
+            served_log=served_log,
+        )
+        opened.pop_all()
     try:
         resources.restore()
         yield resources

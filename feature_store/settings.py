@@ -564,30 +564,6 @@ class TrainerSettings(_Section):
     on a machine whose cores are busy (the API, decoding, Redis), OpenMP
     threads spin-waiting on each other made forward+backward 10-30x slower
     (measured on 2 cores: 7 ms per batch with 1 thread, 100-150 ms with 2)."""
-    io_threads: int = Field(1, ge=1, le=64)
-    """Threads pulling and pushing a batch's tables concurrently (Redis tables only).
-
-    A batch touches 13 tables, each a round trip; overlapping them can hide
-    network latency to a remote Redis (every push still completes before the
-    dense step and any commit). 1 by default: against a Redis on the same 2
-    cores, 4 threads measured no faster (the server's CPU is the limit)."""
-    overlap_push: bool = False
-    """Durable (Redis) tables: push a batch's gradients in a background thread
-    while the trainer does the dense step, records the activity and updates
-    its metrics; the batch's journal line is written only once every push
-    has landed, and the next pull waits for them. Off by default: the
-    default path already overlaps pushes with this work on the trainer's own
-    thread (writes sent before the activity record, replies read after), and
-    with that, this thread measured slower (19.7k against 22.9k events/s on
-    2 cores: GIL and thread hand-offs). Ignored for the
-    memory tables (nothing to wait on) and with scale-out (``group_sync``),
-    whose progress marker follows the pushes directly."""
-    prefetch: bool = False
-    """Poll and decode the next batch in a second thread while this one trains.
-
-    Needs a free core to pay off (decoding holds the GIL; torch, numpy and
-    Redis round trips release it). Off by default: on the shared 2-core
-    benchmark machine it made no measurable difference (docs/benchmarks.md)."""
     gc_threshold: int = Field(50_000, ge=0)
     """Allocations between young garbage collections while training (0: Python's 700).
 

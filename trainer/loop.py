@@ -115,8 +115,6 @@ class OnlineTrainer:
             resources.tables,
             self.model,
             cfg.dense_learning_rate,
-            io_threads=cfg.io_threads if self.durable_sparse else 1,
-            overlap_push=cfg.overlap_push and self.durable_sparse and self.group is None,
             head_weights=[cfg.head_loss_weights.get(h, 1.0) for h in HEADS],
         )
         self.retrieval = (
@@ -216,28 +214,20 @@ class OnlineTrainer:
     def _run(self) -> None:
         self.restore()
         consumer = self.resources.event_log.consumer(self.cfg.group_id)
-        fetcher = Fetcher(
-            consumer,
-            self.cfg.batch_size,
-            self.cfg.max_wait_ms / 1000.0,
-            threaded=self.cfg.prefetch,
-        )
+        fetcher = Fetcher(consumer, self.cfg.batch_size, self.cfg.max_wait_ms / 1000.0)
         self._fetcher = fetcher
-        fetcher.start()
-        self._follow_served(consumer, fetcher)
+        self._follow_served(consumer)
         self.state = "running"
         try:
             while not self._stop.is_set():
                 self._serve_requests()
                 if self._paused.is_set():
-                    fetcher.pause()
                     self.state = "paused"
                     self._periodic(idle=True)
                     self._stop.wait(0.05)
                     continue
-                fetcher.resume()
                 self.state = "running"
-                records = fetcher.get(timeout_s=0.1)
+                records = fetcher.get()
                 if records:
                     with tracing.batch_span("trainer.batch", records):
                         self.train_records(records)
@@ -247,7 +237,6 @@ class OnlineTrainer:
                 self._periodic(idle=not records)
         finally:
             self.state = "stopping"
-            fetcher.stop()  # batches still queued were never trained: not committed, read again
             try:
                 self._serve_requests()
                 if not self._broken and self._dirty:
@@ -278,7 +267,7 @@ class OnlineTrainer:
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
         if self.served is not None and records:
             if self._fetcher is not None:
-                self._follow_served(self._fetcher.consumer, self._fetcher)
+                self._follow_served(self._fetcher.consumer)
             newest = max(r.log_ts for r in records)
             self._retry(lambda: self.served.catch_up(newest))  # type: ignore[union-attr]
 
@@ -368,7 +357,7 @@ class OnlineTrainer:
                 scores[unscored] = self.trainer.score(batch)
         return Moments(values, scores)
 
-    def _follow_served(self, consumer: EventConsumer, fetcher: Fetcher) -> None:
+    def _follow_served(self, consumer: EventConsumer) -> None:
         """Read the served partitions of the events partitions this trainer owns now."""
         served = self.served
         if served is None:
@@ -378,7 +367,7 @@ class OnlineTrainer:
             assert served_log is not None
             events = self.resources.event_log.partition_count()
             self._served_aligned = served_log.partition_count() == events
-        assignment = fetcher.call(consumer.assignment)
+        assignment = consumer.assignment()
         resume = min((self.log_times[p] for p in assignment if p in self.log_times), default=None)
         served.follow(assignment if self._served_aligned else None, resume)
 
@@ -589,7 +578,7 @@ class OnlineTrainer:
         fetcher = self._fetcher
         if fetcher is not None and positions:
             try:
-                fetcher.call(lambda: _commit(fetcher.consumer, positions))
+                _commit(fetcher.consumer, positions)
             except BackendUnavailable as exc:  # the checkpoint stands; dedupe covers replays
                 log.warning("commit failed after checkpoint %d: %s", seq, exc)
 

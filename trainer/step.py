@@ -8,8 +8,8 @@ commits offsets only after both (see :mod:`trainer.loop`).
 A batch's pulls, and its pushes, run for all tables at once on this thread
 (:mod:`feature_store.sparse.steps`): Redis tables send every table's
 commands before reading any reply, so the server works on one table while
-this thread decodes another. ``io_threads`` > 1 runs them on a thread pool
-instead, one table per call.
+this thread decodes another. (A thread pool running one table per call,
+``io_threads``, measured no faster and was removed: see docs/benchmarks.md.)
 
 The pushes of Redis tables are only *begun* by :meth:`Trainer.step` (their
 reads sent); the dense step runs at once, :meth:`Trainer.advance` (which
@@ -17,8 +17,8 @@ the loop calls before recording the batch's activity) runs their next round
 (the optimizer, the writes sent), and :meth:`Trainer.settle` reads the
 last replies. All on this thread: the Redis server applies the pushes on
 the other core while this one does the dense step and the loop's
-bookkeeping, with no thread hand-off. With ``overlap_push`` the pushes run
-whole in a background thread instead. Either way the caller settles before
+bookkeeping, with no thread hand-off (a background push thread,
+``overlap_push``, measured slower and was removed). The caller settles before
 anything that must follow the pushes (its journal line, a checkpoint), and
 the next step settles before its pull, so every pull still sees every
 earlier push. A push that fails after the step returned is kept and only
@@ -40,11 +40,8 @@ counting only for the heads it has a label for (NaN: masked out).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -57,8 +54,6 @@ from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.sparse.base import Keys, Rows, SparseTable
 from feature_store.sparse.steps import Rounds, errors, pull_many, push_many, start_pushes
 from trainer.model import WideDeep
-
-T = TypeVar("T")
 
 Push = tuple[SparseTable, Keys, Rows]
 """One table's share of a step's pushes: the table, its keys, their gradients."""
@@ -108,8 +103,6 @@ class Trainer:
         tables: dict[str, SparseTable],
         model: WideDeep,
         learning_rate: float,
-        io_threads: int = 1,
-        overlap_push: bool = False,
         head_weights: Sequence[float] | None = None,
     ) -> None:
         self.schema = schema
@@ -123,52 +116,18 @@ class Trainer:
         self.optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
         self.extractor = FeatureExtractor(schema)
         self._table_names = list(schema.table_dims())
-        self._pool = (
-            # overlap_push: one more worker, to run the step's pushes (which, with
-            # io_threads > 1, hand each table to the other workers)
-            ThreadPoolExecutor(
-                io_threads + (1 if overlap_push else 0), thread_name_prefix="vidrec-table-io"
-            )
-            if io_threads > 1 or overlap_push
-            else None
-        )
-        self.overlap_push = overlap_push
-        self._io_threads = io_threads
-        self._inflight: tuple[list[Push], Future[list[Exception | None]]] | None = None
-        """The last step's pushes running in the background (overlap_push), not yet settled."""
         self._failed: list[Push] = []
         """Pushes that failed, to run again (and only them) at the next settle."""
         self._begun: tuple[list[Push], Rounds] | None = None
         """The last step's pushes, begun on this thread and not yet settled."""
 
     def close(self) -> None:
-        """Waits for pushes in flight (their outcome is the next settle's, if any).
-
-        Pushes begun on this thread and never settled (the loop stopped on an
-        error) are abandoned: their connections are dropped, and what Redis
-        already received of them may or may not have been applied.
-        """
+        """Abandons pushes begun and never settled (the loop stopped on an error):
+        their connections are dropped, and what Redis already received of them
+        may or may not have been applied."""
         if self._begun is not None:
             self._begun[1].close()
             self._begun = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None  # later steps (a restarted loop) run sequentially
-
-    @property
-    def _threaded(self) -> bool:
-        return self._pool is not None and self._io_threads > 1
-
-    def _each(self, calls: list[Callable[[], T]]) -> list[T | Exception]:
-        """Run the calls (one per table) on the pool; each one's result or error.
-
-        Every call completes (or fails) before this returns, so no push is
-        still in flight when the caller commits.
-        """
-        assert self._pool is not None
-        futures = [self._pool.submit(call) for call in calls]
-        wait(futures)
-        return [f.exception() or f.result() for f in futures]  # type: ignore[misc]
 
     def pull(
         self, batch: BatchFeatures, train: bool
@@ -176,22 +135,12 @@ class Trainer:
         names = [*self._table_names, WIDE_TABLE]
         keys = [*(batch.table_keys[t] for t in self._table_names), batch.wide_keys]
         requests = [(self.tables[t], k) for t, k in zip(names, keys, strict=True)]
-        if self._threaded:
-            pulled = self._each([partial(t.pull, k, train=train) for t, k in requests])
-            for outcome in pulled:
-                if isinstance(outcome, Exception):
-                    raise outcome
-        else:
-            pulled = pull_many(requests, train=train)  # type: ignore[assignment]
-        rows: list[npt.NDArray[np.float32]] = pulled  # type: ignore[assignment]
+        rows = pull_many(requests, train=train)
         return dict(zip(self._table_names, rows[:-1], strict=True)), rows[-1]
 
     def _push(self, pushes: Sequence[Push]) -> list[Exception | None]:
-        """Run ``pushes`` (all tables at once, or on the pool); each one's error or None."""
-        if not self._threaded:
-            return push_many(pushes)
-        outcomes = self._each([partial(table.push, k, g) for table, k, g in pushes])
-        return [o if isinstance(o, Exception) else None for o in outcomes]
+        """Run ``pushes``, all tables at once; each one's error or None."""
+        return push_many(pushes)
 
     def step(
         self,
@@ -220,16 +169,11 @@ class Trainer:
         wide_grad = inputs[n + len(self.schema.embedded)].grad
         if wide_grad is not None and len(batch.wide_keys):
             pushes.append((self.tables[WIDE_TABLE], batch.wide_keys, wide_grad.numpy()))
-        if self.overlap_push and self._pool is not None:
-            self._inflight = (pushes, self._pool.submit(self._push, pushes))
-        elif self._threaded:
-            self._raise_first(self._push(pushes))
+        rounds = start_pushes(pushes)
+        if rounds.done or rounds.failed:  # nothing left to wait for, or refused at once
+            self._raise_first(errors(rounds.finish()))
         else:
-            rounds = start_pushes(pushes)
-            if rounds.done or rounds.failed:  # nothing left to wait for, or refused at once
-                self._raise_first(errors(rounds.finish()))
-            else:
-                self._begun = (pushes, rounds)
+            self._begun = (pushes, rounds)
         self.optimizer.step()
         heads = torch.sigmoid(head_logits.detach()).double().numpy()
         return StepResult(heads[:, 0].copy(), float(loss.detach()), batch.unique_key_count, heads)
@@ -285,14 +229,6 @@ class Trainer:
             pushes, rounds = self._begun
             self._begun = None
             collect(pushes, errors(rounds.finish()))
-        if self._inflight is not None:
-            pushes, future = self._inflight
-            self._inflight = None
-            try:
-                outcomes = future.result()
-            except Exception as exc:  # not raised by _push; kept whole to be safe
-                outcomes = [exc] * len(pushes)
-            collect(pushes, outcomes)
         retry, self._failed = self._failed, []
         if retry:
             collect(retry, self._push(retry))

@@ -35,9 +35,7 @@ def test_online_training_beats_chance_and_popularity(
     headroom: AUC > 0.68 and at least 0.06 above the baseline.
     """
     redis_url = request.getfixturevalue("redis_url") if sparse == "redis" else None
-    # Redis also exercises concurrent table I/O (io_threads) and pushes overlapped with the
-    # dense step and activity record (overlap_push); memory always runs inline.
-    settings = trainer_settings(tmp_path, sparse, redis_url, io_threads=4, overlap_push=True)
+    settings = trainer_settings(tmp_path, sparse, redis_url)
     world = SyntheticWorld(WORLD)
     events = world.events(60_000)
     with open_resources(settings) as resources:
@@ -53,9 +51,8 @@ def test_online_training_beats_chance_and_popularity(
     assert window["logloss"] < 0.62, window
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_restart_resumes_from_the_checkpoint(tmp_path: Path, prefetch: bool) -> None:
-    settings = trainer_settings(tmp_path, audit=True, prefetch=prefetch)
+def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    settings = trainer_settings(tmp_path, audit=True)
     world = SyntheticWorld(WORLD)
     events = world.events(12_000)
     user_keys = np.unique(
@@ -127,13 +124,9 @@ def test_component_controls_metrics_and_export(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("overlap_push", [False, True])
-def test_redis_journal_skips_batches_pushed_before_a_crash(
-    redis_url: str, tmp_path: Path, overlap_push: bool
-) -> None:
+def test_redis_journal_skips_batches_pushed_before_a_crash(redis_url: str, tmp_path: Path) -> None:
     """With Redis tables a push is durable at once: a restart must not push it again."""
-    settings = trainer_settings(tmp_path, "redis", redis_url, audit=True,
-                                overlap_push=overlap_push)
+    settings = trainer_settings(tmp_path, "redis", redis_url, audit=True)
     world = SyntheticWorld(WORLD)
     events = world.events(3_000)
     with open_resources(settings) as resources:

@@ -1,5 +1,5 @@
-"""Pushes that outlive the step (begun on the trainer's thread, or ``overlap_push``):
-every push lands once, failures are retried alone."""
+"""Pushes that outlive the step (begun on the trainer's thread): every push lands once,
+failures are retried alone."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class CountingTable:
         self.inner.push(keys, grads)
 
 
-def _setup(overlap: bool) -> tuple[Trainer, dict[str, CountingTable], list[FeatureRow]]:
+def _setup() -> tuple[Trainer, dict[str, CountingTable], list[FeatureRow]]:
     settings = Settings()
     schema = default_schema(settings.features)
     tables = {
@@ -44,7 +44,7 @@ def _setup(overlap: bool) -> tuple[Trainer, dict[str, CountingTable], list[Featu
         for spec in table_specs(schema, settings)
     }
     torch.manual_seed(0)
-    trainer = Trainer(schema, tables, WideDeep(schema, (16,)), 0.01, overlap_push=overlap)
+    trainer = Trainer(schema, tables, WideDeep(schema, (16,)), 0.01)
     rows = [
         FeatureRow(user_id=f"u{i}", video_id=f"v{i % 3}", ts_ms=1_700_000_000_000)
         for i in range(8)
@@ -56,45 +56,6 @@ def _step(trainer: Trainer, rows: list[FeatureRow]) -> None:
     batch = trainer.extractor.extract(rows)
     labels = np.array([i % 2 for i in range(len(rows))], np.float32)
     trainer.step(batch, labels, np.ones(len(rows), np.float32))
-
-
-def test_overlapped_pushes_land_before_settle_returns_and_match_inline() -> None:
-    inline, inline_tables, rows = _setup(overlap=False)
-    overlapped, overlapped_tables, _ = _setup(overlap=True)
-    for _ in range(3):
-        _step(inline, rows)
-        _step(overlapped, rows)
-    overlapped.settle()
-    batch = inline.extractor.extract(rows)
-    keys = {**batch.table_keys, "wide": batch.wide_keys}
-    for name, table in inline_tables.items():
-        if name not in keys:  # the retrieval towers' tables: not the ranker's to push
-            continue
-        assert overlapped_tables[name].pushes == table.pushes
-        np.testing.assert_allclose(
-            overlapped_tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6
-        )
-    assert sum(t.pushes for t in inline_tables.values()) > 0
-    overlapped.close()
-
-
-def test_a_failed_push_is_retried_alone_by_the_next_settle() -> None:
-    reference, reference_tables, rows = _setup(overlap=False)
-    _step(reference, rows)
-    once = {n: t.pushes for n, t in reference_tables.items()}  # tables one step pushes
-    trainer, tables, _ = _setup(overlap=True)
-    name = next(n for n, count in once.items() if count)
-    tables[name].fail = 1
-    _step(trainer, rows)
-    with pytest.raises(SparseTableUnavailable):
-        trainer.settle()
-    before = {n: t.pushes for n, t in tables.items()}
-    assert before == {**once, name: 0}
-    trainer.settle()  # the loop's retry: only the failed table is pushed again
-    assert {n: t.pushes for n, t in tables.items()} == once
-    trainer.settle()  # nothing left: no table is pushed twice
-    assert {n: t.pushes for n, t in tables.items()} == once
-    trainer.close()
 
 
 class SteppedTable(CountingTable):
@@ -111,14 +72,14 @@ class SteppedTable(CountingTable):
 
 
 def _stepped_setup() -> tuple[Trainer, dict[str, SteppedTable], list[FeatureRow]]:
-    trainer, tables, rows = _setup(overlap=False)
+    trainer, tables, rows = _setup()
     stepped = {name: SteppedTable(table.inner) for name, table in tables.items()}
     trainer.tables = stepped  # type: ignore[assignment]
     return trainer, stepped, rows
 
 
 def test_begun_pushes_land_at_settle_and_before_the_next_pull() -> None:
-    reference, reference_tables, rows = _setup(overlap=False)
+    reference, reference_tables, rows = _setup()
     trainer, tables, _ = _stepped_setup()
     _step(reference, rows)
     _step(trainer, rows)
@@ -134,14 +95,15 @@ def test_begun_pushes_land_at_settle_and_before_the_next_pull() -> None:
     batch = trainer.extractor.extract(rows)
     keys = {**batch.table_keys, "wide": batch.wide_keys}
     for name, table in reference_tables.items():
-        if name not in keys:  # the retrieval towers' tables: not the ranker's to push
-            continue
         assert tables[name].pushes == table.pushes
-        np.testing.assert_allclose(tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6)
+        if name in keys:  # the two-tower tables (tt_*) are not the ranker's: never pushed here
+            np.testing.assert_allclose(
+                tables[name].pull(keys[name]), table.pull(keys[name]), rtol=1e-6
+            )
 
 
 def test_a_begun_push_that_fails_is_retried_alone_by_the_next_settle() -> None:
-    reference, reference_tables, rows = _setup(overlap=False)
+    reference, reference_tables, rows = _setup()
     _step(reference, rows)
     once = {n: t.pushes for n, t in reference_tables.items()}
     trainer, tables, _ = _stepped_setup()

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from feature_store.atomic import atomic_json
 from feature_store.events import Event, EventType
 from feature_store.signals.feedback.base import (
     ENGAGEMENTS,
@@ -131,12 +130,7 @@ class MemoryFeedback:
                 "latest_ms": self._latest_ms,
             }
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".feedback-", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, directory / SNAPSHOT_FILE)
+        atomic_json(directory / SNAPSHOT_FILE, data)
 
     def restore(self, directory: Path) -> None:
         path = directory / SNAPSHOT_FILE

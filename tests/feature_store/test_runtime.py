@@ -1,0 +1,42 @@
+"""open_resources: whoever opens closes, even when opening fails half-way."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import feature_store.catalog
+import feature_store.eventlog
+from feature_store.errors import ConfigurationError
+from feature_store.runtime import open_resources
+from feature_store.settings import Settings
+
+
+def test_a_failure_half_way_closes_what_was_already_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[str] = []
+    real_open = feature_store.eventlog.open_event_log
+
+    def tracked_event_log(*args: Any, **kwargs: Any) -> Any:
+        log = real_open(*args, **kwargs)
+        real_close = log.close
+
+        def close() -> None:
+            closed.append("event log")
+            real_close()
+
+        log.close = close  # type: ignore[method-assign]
+        return log
+
+    def broken_catalog(*args: Any, **kwargs: Any) -> Any:
+        raise ConfigurationError("catalog: cannot open")
+
+    monkeypatch.setattr(feature_store.eventlog, "open_event_log", tracked_event_log)
+    monkeypatch.setattr(feature_store.catalog, "open_catalog", broken_catalog)
+    with pytest.raises(ConfigurationError, match="catalog: cannot open"):
+        with open_resources(Settings(data_dir=tmp_path)):
+            pytest.fail("opened despite the broken catalog")
+    assert closed == ["event log"]
