@@ -218,8 +218,9 @@ class Recommender:
         towers = model.retrieval if model is not None else None
         vector = None
         if towers is not None and known:
-            vector = towers.user_vector(
-                request.user_id, now_ms, request.context, history, self.scorer.row_reader(model)
+            vector = towers.query_vector(
+                request.user_id, now_ms, request.context, history, self.scorer.row_reader(model),
+                self.settings.covisit_window,
             )
         covisits = self.retriever.covisits(history) if known else []
         if request.candidates is not None:

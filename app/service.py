@@ -135,6 +135,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
             retrieval=settings.retrieval.enabled,
             ann=settings.ann,
             ann_dir=settings.data_dir / "ann" / family,
+            retrieval_query=settings.retrieval.query,
         )
 
     holder = ModelHolder(

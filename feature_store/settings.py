@@ -306,6 +306,11 @@ class RetrievalSettings(_Section):
     enabled: bool = True
     """Train, export and serve the towers. Off: no ``tt_*`` tables, no ``embedding``
     source, and versions carry no towers (the service serves them either way)."""
+    query: Literal["user", "history"] = "user"
+    """What the service searches the video vectors with: ``user``, the user tower's
+    vector (two-tower retrieval); ``history``, the normalised mean of the vectors of
+    the user's ``api.covisit_window`` most recent watches (item-to-item over the
+    learned video vectors). Chosen by measured recall (``docs/retrieval.md``)."""
     user_columns: tuple[str, ...] = ("user", "history", "device", "country", "surface")
     """Embedded feature columns (of the ranker's schema) the user tower pools: request
     and user scope only, so one vector per request."""

@@ -198,12 +198,14 @@ def load_model(
     retrieval: bool = True,
     ann: AnnSettings | None = None,
     ann_dir: Path | None = None,
+    retrieval_query: str = "user",
 ) -> LoadedModel:
     """Open ``version`` and warm every bucket with ``warm(model, batch_size)``.
 
     ``family`` is the family whose tables ``pull`` reads (the scorer's own
     tables when ``pull`` is None); a version of another family is refused.
-    With ``retrieval``, the version's towers are loaded too; towers that fail
+    With ``retrieval``, the version's towers are loaded too (searched with
+    ``retrieval_query``, see ``RetrievalSettings.query``); towers that fail
     to load are logged and the version serves without them (the ranker is
     what the version is for). ``ann`` configures their video index, saved to
     and restored from ``ann_dir`` (None: built at every load, never saved).
@@ -260,7 +262,8 @@ def load_model(
     if retrieval:
         try:
             loaded.retrieval = load_retrieval(
-                registry, manifest, schema, session_options(settings), ann, ann_dir
+                registry, manifest, schema, session_options(settings), ann, ann_dir,
+                retrieval_query,
             )
         except RetrievalLoadError as exc:
             log.error("serving %s without its towers: %s", version, exc)

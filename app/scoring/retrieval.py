@@ -64,8 +64,12 @@ class RetrievalModel:
         towers: Towers,
         session: ort.InferenceSession,
         index: LiveIndex,
+        query: str = "user",
     ) -> None:
         self.version = version
+        self.query = query
+        """``user``: search with the user tower's vector; ``history``: with the mean of
+        the recent watches' video vectors (``retrieval.query``)."""
         self.towers = towers
         self.session = session
         self.index = index
@@ -79,6 +83,26 @@ class RetrievalModel:
         if extractor is None:
             extractor = self._local.extractor = FeatureExtractor(self.user_schema)
         return extractor
+
+    def query_vector(
+        self,
+        user_id: str,
+        ts_ms: int,
+        context: EventContext,
+        history: Sequence[HistoryEntry],
+        pull: Pull,
+        window: int,
+    ) -> npt.NDArray[np.float32] | None:
+        """The vector searched and scored against for this request (see :attr:`query`);
+        None when there is none (``history`` query, no recent watch with a vector)."""
+        if self.query == "user":
+            return self.user_vector(user_id, ts_ms, context, history, pull)
+        vectors, known = self.index.vectors_of([h.video_id for h in history[:window]])
+        if not known.any():
+            return None
+        mean = np.asarray(vectors[known], dtype=np.float32).mean(axis=0)
+        norm = float(np.linalg.norm(mean))
+        return (mean / norm if norm > 0 else mean).astype(np.float32)
 
     def user_vector(
         self,
@@ -129,6 +153,7 @@ def load_retrieval(
     options: ort.SessionOptions,
     ann: AnnSettings | None = None,
     ann_dir: Path | None = None,
+    query: str = "user",
 ) -> RetrievalModel | None:
     """The towers of ``manifest``'s version; None when it has none.
 
@@ -173,4 +198,4 @@ def load_retrieval(
         raise
     except Exception as exc:  # onnxruntime, numpy and pydantic raise their own types
         raise RetrievalLoadError(f"version {version}: cannot load the towers: {exc}") from exc
-    return RetrievalModel(version, towers, session, index)
+    return RetrievalModel(version, towers, session, index, query)

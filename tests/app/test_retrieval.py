@@ -210,3 +210,27 @@ def test_status_and_dashboard_tell_the_index_age_and_a_hide_leaves_it(
     assert restarted.status()["version"] == version and restarted.builds == 0
     ids, vectors = model.retrieval.index.items()
     assert not restarted.publish(ids, vectors, version=version), "same version: no rebuild"
+
+
+def test_history_query_searches_with_the_recent_watches_vectors() -> None:
+    """``retrieval.query: history`` (item-to-item): the mean of the watched videos' vectors."""
+    from app.candidates.ann_rebuild import LiveIndex
+    from app.scoring.retrieval import RetrievalModel
+    from feature_store.features.schema import default_schema
+    from feature_store.retrieval_io import Towers
+    from feature_store.settings import AnnSettings, RetrievalSettings
+
+    towers = Towers.from_settings(default_schema(), RetrievalSettings(dim=2))
+    vectors = np.array([[1, 0], [0.8, 0.6], [0, 1], [-1, 0]], np.float32)
+    index = LiveIndex(AnnSettings())
+    index.publish(["a", "b", "c", "d"], vectors, version="v1", wait=True)
+    model = RetrievalModel("v1", towers, None, index, query="history")  # type: ignore[arg-type]
+    history = [HistoryEntry(video_id=v, watch_ratio=1.0, ts=1) for v in ("a", "ghost", "d", "c")]
+    query = model.query_vector("u", 0, EventContext(), history, lambda t, k: k, window=2)
+    assert query is not None
+    np.testing.assert_allclose(query, [1.0, 0.0], atol=1e-6)  # a only: window 2, ghost has none
+    assert model.neighbours(query, 2, exclude={"a"}) == ["b", "c"]
+    query = model.query_vector("u", 0, EventContext(), history, lambda t, k: k, window=4)
+    np.testing.assert_allclose(query, [0.0, 1.0], atol=1e-6)  # a and d cancel, c remains
+    unknown = [HistoryEntry(video_id="ghost", watch_ratio=1.0, ts=1)]
+    assert model.query_vector("u", 0, EventContext(), unknown, lambda t, k: k, window=2) is None
