@@ -269,3 +269,29 @@ def test_the_engagement_head_starts_where_the_single_output_model_did() -> None:
     torch.testing.assert_close(model.mlp[-1].weight[:1], single.weight)
     torch.testing.assert_close(model.mlp[-1].bias[:1], single.bias)
     torch.testing.assert_close(after_heads, after_single)
+
+
+def test_each_head_counts_its_samples_and_the_export_records_them(tmp_path: Path) -> None:
+    """Finishes only: the watch head never trains, and the version says so."""
+    from feature_store.registry import ModelRegistry
+
+    events, catalog = feed(lambda rng, v: (False, bool(rng.random() < 0.3), None), users=60)
+    settings = Settings(data_dir=tmp_path, trainer={"batch_size": BATCH, "export_every_s": 0,
+                                                    "checkpoint_every_s": 1e9})
+    with open_resources(settings) as res:
+        res.catalog.upsert(catalog)
+        replay = OnlineReplay(res)
+        res.event_log.produce(events)
+        replay.drain()
+        counts = dict(replay.loop.metrics.head_samples)
+        version = replay.export()
+        replay.loop.checkpoint()
+        replay.close()
+        manifest = ModelRegistry(res.registry.root).manifest(version)
+    assert counts["watch"] == 0 and counts["engagement"] > 0
+    assert counts["negative"] == counts["engagement"]  # every engagement sample says "no skip"
+    assert manifest.extra["head_samples"] == counts
+    with open_resources(settings) as res:  # restored from the checkpoint
+        again = OnlineReplay(res)
+        assert again.loop.metrics.head_samples == counts
+        again.close()
