@@ -284,6 +284,11 @@ class ApiSettings(_Section):
     negative weight), so the score stays in (0, 1] and ``{"engagement": 1}`` alone is
     the engagement probability. A model from before heads is scored by engagement alone.
     JSON in the environment: ``VIDREC_API__RANKING_WEIGHTS='{"engagement": 1}'``."""
+    min_head_samples: int = Field(1000, ge=0)
+    """Training samples (as the version's manifest counts them) a head needs before the
+    fusion uses it; fewer and its weight is ignored. An untrained head's output varies
+    with the shared tower but predicts nothing (a log of finishes only never trains the
+    watch head), and would reorder the ranking at random."""
 
     @model_validator(mode="after")
     def _check_buckets(self) -> ApiSettings:

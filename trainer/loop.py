@@ -497,7 +497,7 @@ class OnlineTrainer:
     def export(self, activate: bool | Literal["own_family"]) -> str:
         """Publish the current dense network as a registry version."""
         artifacts = None
-        extra = {}
+        extra: dict[str, Any] = {"head_samples": dict(self.metrics.head_samples)}
         if self.retrieval is not None:
             artifacts = (
                 list(ARTIFACTS),
@@ -562,6 +562,7 @@ class OnlineTrainer:
                 "events_total": self.metrics.events_total,
                 "samples_total": self.metrics.samples_total,
                 "batches_total": self.metrics.batches_total,
+                "head_samples": self.metrics.head_samples,
                 "joiner": joiner,
                 "watch_quantiles": self.joiner.policy.watch.state(),
                 "last_version": self.last_version,
@@ -628,9 +629,7 @@ class OnlineTrainer:
             self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
             if "watch_quantiles" in state:
                 self.joiner.policy.watch.load_state(state["watch_quantiles"])
-            self.metrics.events_total = int(state.get("events_total", 0))
-            self.metrics.samples_total = int(state.get("samples_total", 0))
-            self.metrics.batches_total = int(state.get("batches_total", 0))
+            self.metrics.restore_totals(state)
             self.last_version = state.get("last_version")
             self.seq = seq
             log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)

@@ -142,6 +142,9 @@ class TrainerMetrics:
         self.popularity = PopularityBaseline()
         self.watch = HeadWindow(window)
         self.negative = HeadWindow(window)
+        self.head_samples = {"engagement": 0, "watch": 0, "negative": 0}
+        """Samples each head has trained on in all (checkpointed, and exported with the
+        version: a server leaves a head that never trained out of its fusion)."""
         self.rate_window_s = rate_window_s
         self._batches: deque[tuple[float, int, int]] = deque()  # (t, events, samples)
         self._latency_ms: deque[float] = deque(maxlen=200)
@@ -203,6 +206,7 @@ class TrainerMetrics:
         """
         all_ids = list(video_ids)
         known = ~np.isnan(labels)
+        self.head_samples["engagement"] += int(known.sum())
         if not known.all():
             video_ids = [v for v, k in zip(all_ids, known.tolist(), strict=True) if k]
             scores, labels, weights = scores[known], labels[known], weights[known]
@@ -215,6 +219,7 @@ class TrainerMetrics:
             return
         for column, head in ((1, self.watch), (2, self.negative)):
             has = ~np.isnan(targets[:, column])
+            self.head_samples["watch" if column == 1 else "negative"] += int(has.sum())
             if has.any():
                 ids = [v for v, k in zip(all_ids, has.tolist(), strict=True) if k]
                 head.observe(ids, heads[has, column], targets[has, column])
@@ -238,6 +243,15 @@ class TrainerMetrics:
             self.c_dupes.inc(duplicates)
         self.h_latency.observe(seconds)
         self.g_keys.set(unique_keys)
+
+    def restore_totals(self, state: dict[str, Any]) -> None:
+        """The totals a checkpoint's state holds (events, samples, batches, per head)."""
+        self.events_total = int(state.get("events_total", 0))
+        self.samples_total = int(state.get("samples_total", 0))
+        self.batches_total = int(state.get("batches_total", 0))
+        for head, count in state.get("head_samples", {}).items():
+            if head in self.head_samples:
+                self.head_samples[head] = int(count)
 
     def set_lag(self, lag: int) -> None:
         self.lag = lag

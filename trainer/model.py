@@ -67,7 +67,7 @@ class WideDeep(nn.Module):
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
         self.n_heads = len(HEADS)
-        layers.append(nn.Linear(width, self.n_heads))
+        layers.append(_head_layer(width, self.n_heads))
         self.mlp = nn.Sequential(*layers)
         # Dense features arrive roughly in 0..10; a learnt affine per feature
         # keeps a large one from dominating the first layer early on.
@@ -107,6 +107,21 @@ class WideDeep(nn.Module):
     def heads(self, *inputs: Tensor) -> Tensor:
         """Every head's prediction (sigmoid of its logit), shape ``(B, H)``."""
         return torch.sigmoid(self.head_logits(*inputs))
+
+
+def _head_layer(width: int, heads: int) -> nn.Linear:
+    """The last layer, one output per head, drawing from the global RNG what the
+    single-output layer drew: the engagement row is initialised exactly as before
+    heads (the same seed gives the same engagement start), and so is everything
+    built after the model from the same stream (the two-tower model). The other
+    rows come from a forked RNG state."""
+    engagement = nn.Linear(width, 1)
+    with torch.random.fork_rng(devices=[]):
+        layer = nn.Linear(width, heads)
+    with torch.no_grad():
+        layer.weight[:1] = engagement.weight
+        layer.bias[:1] = engagement.bias
+    return layer
 
 
 class Heads(nn.Module):

@@ -9,8 +9,12 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from feature_store.errors import InvalidInput
+from pydantic import ValidationError
+
+from feature_store.errors import ConfigurationError, InvalidInput
+from feature_store.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +61,28 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--doc", default=None,
                    help="rewrite this markdown file's '## Quality (<dataset>)' section "
                    "(the protocol is part of the name)")
+    p.add_argument("--ranking-weights", default=None, metavar="JSON",
+                   help="the service's weights over the ranking heads for this run, e.g. "
+                   "'{\"engagement\": 1}' (default: api.ranking_weights)")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def ranking_weights(text: str | None) -> dict[str, Any]:
+    """``--ranking-weights`` as extra settings (``{}`` when absent); InvalidInput naming the
+    option when it is not a valid weighting."""
+    if text is None:
+        return {}
+    try:
+        weights = json.loads(text)
+        ApiSettings(ranking_weights=weights)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"][1:]) or "value"
+        raise InvalidInput("--ranking-weights", f"{where}: {first['msg']}") from exc
+    except (ValueError, ConfigurationError) as exc:
+        raise InvalidInput("--ranking-weights", str(exc)) from exc
+    return {"api": {"ranking_weights": weights}}
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -98,6 +122,7 @@ def run_eval(args: argparse.Namespace) -> int:
         limit=args.limit,
         seed=args.seed,
         progress=not args.no_progress,
+        settings=ranking_weights(args.ranking_weights),
     )
     result = evaluate(cfg)
     sys.stdout.write(text_table(result) + "\n")

@@ -22,7 +22,11 @@ A model's outputs are its ranking heads (:data:`feature_store.model_io.HEADS`);
 :meth:`LoadedModel.run_heads` runs the ones it has. A version exported
 before heads has the one output ``score`` (the engagement head's name) and
 still loads and serves: its other heads are simply absent, and the fusion
-(:mod:`app.scoring.fusion`) scores with engagement alone.
+(:mod:`app.scoring.fusion`) scores with engagement alone. A head the trainer
+exported with fewer than ``api.min_head_samples`` training samples (the
+manifest's ``head_samples``: a stream without plays never trains the watch
+head) is left out the same way: an untrained head's output is noise from the
+shared tower, not a prediction.
 """
 
 from __future__ import annotations
@@ -231,7 +235,10 @@ def load_model(
     outputs = {o.name for o in session.get_outputs()}
     if model_io.SCORE not in outputs:
         raise ModelLoadError(f"version {version}: no {model_io.SCORE!r} output in {outputs}")
-    heads = tuple(h for h in model_io.HEADS if model_io.HEAD_OUTPUTS[h] in outputs)
+    heads = _trained_heads(
+        manifest, tuple(h for h in model_io.HEADS if model_io.HEAD_OUTPUTS[h] in outputs),
+        settings.min_head_samples,
+    )
     provider = session.get_providers()[0]
     global _cuda_usable
     if CUDA in provider_preference(settings.onnx_provider):
@@ -276,6 +283,19 @@ def index_status(model: LoadedModel | None) -> dict[str, Any] | None:
     if model is None or model.retrieval is None:
         return None
     return model.retrieval.index.status()
+
+
+def _trained_heads(manifest: Manifest, heads: tuple[str, ...], least: int) -> tuple[str, ...]:
+    """``heads`` less those the manifest says trained on fewer than ``least`` samples
+    (engagement always stays: it is the score a model without heads served)."""
+    counts = manifest.extra.get("head_samples")
+    if not isinstance(counts, dict):
+        return heads
+    kept = tuple(h for h in heads if h == "engagement" or int(counts.get(h, 0)) >= least)
+    if kept != heads:
+        log.info("version %s: heads %s trained on fewer than %d samples, left out of the "
+                 "fusion", manifest.version, sorted(set(heads) - set(kept)), least)
+    return kept
 
 
 class ModelHolder:

@@ -337,3 +337,10 @@ def test_serving_features_with_user_attributes_match_training() -> None:
     extractor = RequestFeatureExtractor(schema)
     got = extractor.extract_request("u1", ts, context, [], videos, stats)
     assert_same_features(got, want, schema)
+
+
+def test_ranking_weights_option_is_checked_before_the_run(movielens, caplog) -> None:  # type: ignore[no-untyped-def]
+    code = main(["eval", str(movielens[0]), "--ranking-weights", '{"clicks": 1}',
+                 "--no-progress"])
+    assert code == 2
+    assert "--ranking-weights" in caplog.text and "engagement" in caplog.text

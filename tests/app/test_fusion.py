@@ -209,3 +209,35 @@ def test_an_arm_with_its_own_weights_is_scored_with_them(tmp_path: Path) -> None
                 assert item["score"] == pytest.approx(by_id[item["video_id"]], rel=1e-4), arm
             seen.add(arm)
         assert seen == {"a", "b"}
+
+
+def test_a_head_that_never_trained_is_left_out_of_the_fusion(tmp_path: Path) -> None:
+    """A log of finishes only never trains the watch head: its output is not used."""
+    import torch
+
+    from trainer.export import publish
+    from trainer.model import WideDeep
+
+    registry = ModelRegistry(tmp_path)
+    torch.manual_seed(3)
+    version = publish(
+        registry, WideDeep(SCHEMA, hidden=(32, 16)), SCHEMA, family="main",
+        training_position={}, metrics={}, activate=True, keep=5,
+        extra={"head_samples": {"engagement": 5000, "watch": 0, "negative": 5000}},
+    )
+    weights = {"engagement": 1.0, "watch": 0.5, "negative": -1.0}
+    scorer = Scorer(SCHEMA, zero_tables(), fusion=Fusion.of(weights))  # type: ignore[arg-type]
+    model = load_model(registry, version, SCHEMA, "main", API, scorer.warm)
+    assert model.heads == ("engagement", "negative")
+    videos = [make_video(video_id=f"p{i}", category=f"k{i % 3}") for i in range(20)]
+    args = ("u1", 1_700_000_000_000, EventContext(), [], videos, [VideoStats()] * 20)
+    batch = scorer.features(*args)
+    rows, wide = scorer.pull(batch)
+    heads = model.run_heads(model_io.build_feed(SCHEMA, batch, rows, wide))
+    assert set(heads) == {"engagement", "negative"}
+    want = Fusion.of({"engagement": 1.0, "negative": -1.0}).fuse(heads)
+    np.testing.assert_allclose(scorer.score(model, *args), want, rtol=1e-5)
+    lenient = ApiSettings(batch_buckets=(16, 512), min_head_samples=0)
+    assert load_model(registry, version, SCHEMA, "main", lenient, scorer.warm).heads == (
+        model_io.HEADS
+    )

@@ -243,3 +243,55 @@ def test_a_single_output_checkpoint_grows_heads_and_keeps_its_engagement() -> No
     with torch.no_grad():
         torch.testing.assert_close(new(*inputs), old(*inputs))
     assert not upgrade_state_dict(new, new.state_dict())  # already has heads: unchanged
+
+
+def test_the_engagement_head_starts_where_the_single_output_model_did() -> None:
+    """Same seed, same engagement start, same RNG stream after the model (what a
+    comparison before/after heads needs to compare only the heads)."""
+    import torch
+    from torch import nn
+
+    from feature_store.features.schema import default_schema
+    from trainer.model import WideDeep
+
+    schema = default_schema()
+    torch.manual_seed(7)
+    model = WideDeep(schema, hidden=(32, 16))
+    after_heads = torch.rand(4)
+    torch.manual_seed(7)
+    old = WideDeep(schema, hidden=(32, 16))  # rebuilt as before heads: one output
+    torch.manual_seed(7)
+    for layer in old.mlp[:-1]:
+        if isinstance(layer, nn.Linear):
+            layer.reset_parameters()
+    single = nn.Linear(16, 1)
+    after_single = torch.rand(4)
+    torch.testing.assert_close(model.mlp[-1].weight[:1], single.weight)
+    torch.testing.assert_close(model.mlp[-1].bias[:1], single.bias)
+    torch.testing.assert_close(after_heads, after_single)
+
+
+def test_each_head_counts_its_samples_and_the_export_records_them(tmp_path: Path) -> None:
+    """Finishes only: the watch head never trains, and the version says so."""
+    from feature_store.registry import ModelRegistry
+
+    events, catalog = feed(lambda rng, v: (False, bool(rng.random() < 0.3), None), users=60)
+    settings = Settings(data_dir=tmp_path, trainer={"batch_size": BATCH, "export_every_s": 0,
+                                                    "checkpoint_every_s": 1e9})
+    with open_resources(settings) as res:
+        res.catalog.upsert(catalog)
+        replay = OnlineReplay(res)
+        res.event_log.produce(events)
+        replay.drain()
+        counts = dict(replay.loop.metrics.head_samples)
+        version = replay.export()
+        replay.loop.checkpoint()
+        replay.close()
+        manifest = ModelRegistry(res.registry.root).manifest(version)
+    assert counts["watch"] == 0 and counts["engagement"] > 0
+    assert counts["negative"] == counts["engagement"]  # every engagement sample says "no skip"
+    assert manifest.extra["head_samples"] == counts
+    with open_resources(settings) as res:  # restored from the checkpoint
+        again = OnlineReplay(res)
+        assert again.loop.metrics.head_samples == counts
+        again.close()
