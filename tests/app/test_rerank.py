@@ -313,3 +313,18 @@ def test_only_recent_uploads_take_exploration_slots() -> None:
         ranked = run(rr, videos, table, rows, [0.5] * 32, count=10)
         picks.update(v for v in ranked if v in ("unpopular", "fresh"))
     assert picks == {"fresh": 50}
+
+
+def test_the_order_follows_the_ranking_bonus_after_an_exclusion() -> None:
+    videos = [make_video(video_id=v) for v in ("old", "liked", "other")]
+    table, rows = table_of(videos, [established() for _ in videos])
+    feedback = MemoryFeedback(FeedbackParams())
+    feedback.record_events([make_event(user_id="u1", video_id="old", type="dislike")], {})
+    rr = reranker(feedback, exploration_budget=0.0)
+    ids = [v.video_id for v in videos]
+    scores = np.array([0.6, 0.5, 0.55], dtype=np.float32)
+    bonus = np.array([0.0, 0.5, 0.0])  # say, "liked" was co-watched with the history
+    _, order = rr.rerank("u1", NOW, (), None, ids, table, rows, scores, 3, bonus)
+    assert order is not None and [ids[i] for i in order] == ["liked", "other"]
+    _, order = rr.rerank("u1", NOW, (), None, ids, table, rows, scores, 3)
+    assert order is not None and [ids[i] for i in order] == ["other", "liked"]
