@@ -37,7 +37,8 @@ score: the model has trained on those engagements, and its score is
 personal where the posterior is not.
 
 **Inside the budget** (``rerank.exploration_budget`` of the slots, rounded
-at random so the average is exact), new videos compete for the slots by a
+at random so the average is exact), new videos uploaded within
+``rerank.explore_max_age_s`` compete for the slots by a
 draw from their posterior (Thompson sampling): those with little exposure
 are uncertain and get tried, those whose early engagement is poor fade as
 impressions come in. A winner is placed in the page by its score (as
@@ -116,6 +117,8 @@ class NewVideos:
     beta: Floats
     engaged: Floats
     """Engaged views of each (``e``); the prior replaces the model's score where it is 0."""
+    fresh: npt.NDArray[np.bool_]
+    """Uploaded within ``rerank.explore_max_age_s``: may take an exploration slot."""
 
     @property
     def mean(self) -> Floats:
@@ -156,13 +159,16 @@ class ColdStart:
             local.rates_until = now + wait
         return cached
 
-    def new_videos(self, table: VideoTable, rows: Indices) -> NewVideos:
-        """Which of ``rows`` (table rows of the candidates) are new, with their posteriors."""
+    def new_videos(
+        self, table: VideoTable, rows: Indices, uploaded_ms: Floats, now_ms: int
+    ) -> NewVideos:
+        """Which of ``rows`` (table rows of the candidates, uploaded at ``uploaded_ms``) are
+        new, with their posteriors."""
         n, e = exposure(table.stats[rows])
         positions = np.flatnonzero(n < self.settings.new_video_impressions)
         if not len(positions):
             empty = np.zeros(0)
-            return NewVideos(positions, empty, empty, empty)
+            return NewVideos(positions, empty, empty, empty, np.zeros(0, dtype=np.bool_))
         rates = self.rates(table)
         codes = table.category[rows[positions]]
         known = codes < len(rates.by_category)
@@ -170,7 +176,8 @@ class ColdStart:
         r[known] = rates.by_category[codes[known]]
         m = self.settings.prior_strength
         n, e = n[positions], e[positions]
-        return NewVideos(positions, m * r + e, m * (1 - r) + (n - e), e)
+        fresh = uploaded_ms[positions] >= now_ms - self.settings.explore_max_age_s * 1000
+        return NewVideos(positions, m * r + e, m * (1 - r) + (n - e), e, fresh)
 
     def slots(self, count: int) -> int:
         """Exploration slots of a ``count``-item response: the budget's share, rounded at

@@ -15,8 +15,9 @@ One call per model-ranked request (:meth:`Reranker.rerank`), after scoring:
    score multiplied by ``1 - penalty * 2**(-age / half_life)`` (age since the
    user's latest dislike of that creator): bounded, and fading.
 4. **Exploration**: ``rerank.exploration_budget`` of the slots go to new
-   videos picked by a Thompson draw from their posteriors (placed in the
-   page by their score, like every item).
+   videos uploaded within ``rerank.explore_max_age_s``, picked by a Thompson
+   draw from their posteriors (placed in the page by their score, like every
+   item).
 5. **Diversity**: a greedy pass in score order keeps at most
    ``rerank.max_per_creator`` videos of one creator (0: no cap). The cap is
    strict: a response may hold fewer items than asked rather than break it.
@@ -43,37 +44,43 @@ from feature_store.signals.feedback.base import FeedbackView, UserFeedback
 Scores = npt.NDArray[np.float32]
 
 
-class CreatorCodes:
-    """A small integer per creator for each row of one video table (filled as rows are
-    added), so that a request's creators are one fancy index rather than 500 attribute
-    reads. Rows are never re-used for another creator (a changed creator gets a new
-    row); an emptied table is noticed by its new ``row_of``."""
+class RowFacts:
+    """Per row of one video table, filled as rows are added: a small integer per creator
+    and the upload time, so that a request's are one fancy index rather than 500
+    attribute reads. A row never changes creator or upload time (a record that differs
+    in a feature field gets a new row); an emptied table is noticed by its new ``row_of``.
+    """
 
     def __init__(self) -> None:
         self._of: dict[str, int] = {}
         self._codes = np.zeros(0, dtype=np.int64)
+        self._uploaded = np.zeros(0, dtype=np.float64)
         self._filled = 0
         self._row_of: object = None
 
     def code(self, creator: str) -> int | None:
         return self._of.get(creator)
 
-    def of_rows(self, table: VideoTable, rows: Indices) -> npt.NDArray[np.int64]:
+    def of_rows(
+        self, table: VideoTable, rows: Indices
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Creator codes and upload times (ms) of ``rows``."""
         if self._row_of is not table.row_of:
             self.__init__()  # type: ignore[misc]
             self._row_of = table.row_of
-        size = len(table.videos)
-        if size > self._filled:
+        size, done = len(table.videos), self._filled
+        if size > done:
             if size > len(self._codes):
-                grown = np.zeros(max(1024, 2 * size), dtype=np.int64)
-                grown[: self._filled] = self._codes[: self._filled]
-                self._codes = grown
+                capacity = max(1024, 2 * size)
+                codes, uploaded = np.zeros(capacity, np.int64), np.zeros(capacity)
+                codes[:done], uploaded[:done] = self._codes[:done], self._uploaded[:done]
+                self._codes, self._uploaded = codes, uploaded
             of = self._of
-            self._codes[self._filled : size] = [
-                of.setdefault(v.creator_id, len(of)) for v in table.videos[self._filled : size]
-            ]
+            added = table.videos[done:size]
+            self._codes[done:size] = [of.setdefault(v.creator_id, len(of)) for v in added]
+            self._uploaded[done:size] = [v.uploaded_at for v in added]
             self._filled = size
-        return self._codes[rows]
+        return self._codes[rows], self._uploaded[rows]
 
 
 def excluded(
@@ -96,7 +103,7 @@ def excluded(
 
 def creator_demotion(
     view: FeedbackView,
-    codes: CreatorCodes,
+    codes: RowFacts,
     creators: npt.NDArray[np.int64],
     now_ms: int,
     penalty: float,
@@ -151,12 +158,12 @@ class Reranker:
         self.cold_start = cold_start or ColdStart(settings)
         self._local = threading.local()
 
-    def _creator_codes(self) -> CreatorCodes:
-        """This thread's creator codes (its video table is this thread's too)."""
-        codes: CreatorCodes | None = getattr(self._local, "codes", None)
-        if codes is None:
-            codes = self._local.codes = CreatorCodes()
-        return codes
+    def _facts(self) -> RowFacts:
+        """This thread's row facts (its video table is this thread's too)."""
+        facts: RowFacts | None = getattr(self._local, "facts", None)
+        if facts is None:
+            facts = self._local.facts = RowFacts()
+        return facts
 
     def rerank(
         self,
@@ -179,7 +186,9 @@ class Reranker:
         view = self.feedback.read(user_id, now_ms)
         served = s.exclude_served if exclude_served is None else exclude_served
         drop = excluded(view, history, table, rows, served)
-        new = self.cold_start.new_videos(table, rows)
+        facts = self._facts()
+        by_row, uploaded = facts.of_rows(table, rows)
+        new = self.cold_start.new_videos(table, rows, uploaded, now_ms)
         out = scores.astype(np.float64)
         if len(new.positions):
             cold = new.positions[new.engaged == 0]
@@ -187,16 +196,14 @@ class Reranker:
         creators: list[int] = []
         factor = None
         if view.disliked_creators or s.max_per_creator:
-            codes = self._creator_codes()
-            by_row = codes.of_rows(table, rows)
             creators = by_row.tolist()
             factor = creator_demotion(
-                view, codes, by_row, now_ms, s.dislike_creator_penalty,
+                view, facts, by_row, now_ms, s.dislike_creator_penalty,
                 s.dislike_penalty_half_life_s,
             )
             if factor is not None:
                 out *= factor
-        slots = self.cold_start.slots(min(count, int((~drop).sum()))) if len(new.positions) else 0
+        slots = self.cold_start.slots(min(count, int((~drop).sum()))) if new.fresh.any() else 0
         if not (drop.any() or slots or s.max_per_creator):
             return out.astype(np.float32), None
         explored = self._explore(new, drop, slots, factor)
@@ -225,7 +232,7 @@ class Reranker:
         draws = self.cold_start.draw(new)
         if factor is not None:
             draws = draws * factor[new.positions]
-        draws[drop[new.positions]] = -np.inf
+        draws[drop[new.positions] | ~new.fresh] = -np.inf
         best = np.argsort(-draws, kind="stable")[:slots]
         best = best[np.isfinite(draws[best])]
         return new.positions[best].astype(np.int64)

@@ -12,7 +12,8 @@ trainer, so candidate freshness does not wait for training steps.
 The same pass keeps the users' feedback
 (:mod:`feature_store.signals.feedback`): an engagement clears the video
 from the user's served-without-engagement set, a dislike is noted with the
-video's creator (one catalog read per batch holding dislikes).
+video's creator, a positive engagement takes its creator off the user's
+disliked creators (one catalog read per batch for those videos).
 
 Disable with ``api.signal_feed = false`` where another process records the
 signals. A failing backend is logged and retried after a pause; the feed
@@ -36,10 +37,10 @@ from pathlib import Path
 
 from feature_store.errors import VidrecError
 from feature_store.eventlog.base import EventConsumer
-from feature_store.events import EventType
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
 from feature_store.signals.feedback import MemoryFeedback, attach_feedback
+from feature_store.signals.feedback.base import needs_creator
 from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -109,8 +110,9 @@ class SignalFeed:
             users = list(dict.fromkeys(e.user_id for e in events))
             histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
             self.signals.record(events, histories)
-            disliked = list({e.video_id for e in events if e.type == EventType.DISLIKE})
-            videos = self.resources.catalog.get_many(disliked) if disliked else []
+            ratio = self.resources.settings.features.positive_watch_ratio
+            wanted = list({e.video_id for e in events if needs_creator(e, ratio)})
+            videos = self.resources.catalog.get_many(wanted) if wanted else []
             creators = {v.video_id: v.creator_id for v in videos if v is not None}
             self.feedback.record_events(events, creators)
             self.recorded += len(events)

@@ -378,6 +378,10 @@ class RerankSettings(_Section):
     """A video shown fewer times than this is *new*: its score is capped by its calibrated
     prior and it may take an exploration slot. Exposure counts impressions, or engaged
     views where clients log no impressions."""
+    explore_max_age_s: float = Field(7 * 24 * 3600, gt=0)
+    """Only videos uploaded within this many seconds (of the request's clock) may take an
+    exploration slot: the budget is for new uploads, and an older video still short of
+    impressions is unpopular rather than unknown (it keeps competing on its score)."""
     exploration_budget: float = Field(0.1, ge=0, le=1)
     """Share of a response's slots spent on new videos chosen by Thompson sampling (a
     fraction of ``count``, rounded at random so the average is exact; 0: no exploration)."""

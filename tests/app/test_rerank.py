@@ -23,7 +23,8 @@ from feature_store.settings import RerankSettings
 from feature_store.signals.feedback import FeedbackParams, MemoryFeedback, ServedBatch
 from tests.factories import BASE_TS, make_event, make_video
 
-NOW = BASE_TS + 10 * 24 * 3600 * 1000
+NOW = BASE_TS + 2 * 24 * 3600 * 1000
+"""The requests' clock: the generated videos were uploaded within the last two days."""
 HOUR_MS = 3600 * 1000
 
 
@@ -201,7 +202,8 @@ def test_prior_is_young_videos_rate_shrunk_toward_the_category() -> None:
     talk = table.category_code["talk"]
     assert rates.by_category[music] == pytest.approx((200 + 100 * r0) / (500 + 100))
     assert rates.by_category[talk] == pytest.approx(r0)  # no young talk video: the global rate
-    new = ColdStart(s).new_videos(table, rows)
+    uploaded = np.array([v.uploaded_at for v in videos], dtype=np.float64)
+    new = ColdStart(s).new_videos(table, rows, uploaded, NOW)
     assert [videos[i].video_id for i in new.positions.tolist()][-2:] == ["fresh-music",
                                                                          "fresh-talk"]
     assert new.mean[-1] == pytest.approx(r0)  # no counters of its own: the prior's mean
@@ -295,3 +297,34 @@ def test_diversity_cap_holds_and_keeps_score_order() -> None:
     # Off (0): the plain top-K.
     plain = run(reranker(exploration_budget=0.0), videos, table, rows, scores, count=10)
     assert plain == [f"v{i}" for i in range(10)]
+
+
+def test_only_recent_uploads_take_exploration_slots() -> None:
+    old_upload = NOW - 30 * 24 * HOUR_MS  # a month ago, still short of impressions
+    videos = [make_video(video_id=f"e{i}", creator_id=f"c{i}") for i in range(30)]
+    stats = [established() for _ in videos]
+    videos += [make_video(video_id="unpopular", uploaded_at=old_upload),
+               make_video(video_id="fresh")]
+    stats += [VideoStats(impressions=3, plays=3), VideoStats(impressions=3, plays=3)]
+    table, rows = table_of(videos, stats)
+    rr = reranker(exploration_budget=0.1, seed=6)
+    picks = Counter()
+    for _ in range(50):
+        ranked = run(rr, videos, table, rows, [0.5] * 32, count=10)
+        picks.update(v for v in ranked if v in ("unpopular", "fresh"))
+    assert picks == {"fresh": 50}
+
+
+def test_the_order_follows_the_ranking_bonus_after_an_exclusion() -> None:
+    videos = [make_video(video_id=v) for v in ("old", "liked", "other")]
+    table, rows = table_of(videos, [established() for _ in videos])
+    feedback = MemoryFeedback(FeedbackParams())
+    feedback.record_events([make_event(user_id="u1", video_id="old", type="dislike")], {})
+    rr = reranker(feedback, exploration_budget=0.0)
+    ids = [v.video_id for v in videos]
+    scores = np.array([0.6, 0.5, 0.55], dtype=np.float32)
+    bonus = np.array([0.0, 0.5, 0.0])  # say, "liked" was co-watched with the history
+    _, order = rr.rerank("u1", NOW, (), None, ids, table, rows, scores, 3, bonus)
+    assert order is not None and [ids[i] for i in order] == ["liked", "other"]
+    _, order = rr.rerank("u1", NOW, (), None, ids, table, rows, scores, 3)
+    assert order is not None and [ids[i] for i in order] == ["other", "liked"]

@@ -112,3 +112,35 @@ def test_memory_forgets_users_whose_entries_all_expired() -> None:
         feedback.record_served([ServedBatch(f"new{i}", BASE_TS + 2 * WINDOW_MS, ["a"])])
     assert len(feedback._served) <= 1500 + 1024
     assert not any(user.startswith("old") for user in feedback._served)
+
+
+def test_a_positive_engagement_with_a_disliked_creator_lifts_the_demotion(
+    feedback: Feedback,
+) -> None:
+    creators = {"a": "c1", "b": "c1", "c": "c1", "d": "c2"}
+    feedback.record_events(
+        [make_event(user_id="u1", video_id="a", type="dislike", ts=BASE_TS),
+         make_event(user_id="u1", video_id="d", type="dislike", ts=BASE_TS)],
+        creators,
+    )
+    # A short play is no evidence; a finish of another c1 video is.
+    feedback.record_events(
+        [make_event(user_id="u1", video_id="b", type="play", watch_ms=1000, ts=BASE_TS + 1)],
+        creators,
+    )
+    assert set(feedback.read("u1", BASE_TS + 2).disliked_creators) == {"c1", "c2"}
+    feedback.record_events(
+        [make_event(user_id="u1", video_id="c", type="finish", watch_ms=60_000,
+                    ts=BASE_TS + 3)],
+        creators,
+    )
+    view = feedback.read("u1", BASE_TS + 4)
+    assert set(view.disliked_creators) == {"c2"}
+    assert set(view.disliked) == {"a", "d"}  # the disliked videos stay disliked
+    # Within one batch, the order of the events decides.
+    feedback.record_events(
+        [make_event(user_id="u1", video_id="c", type="like", ts=BASE_TS + 5),
+         make_event(user_id="u1", video_id="b", type="dislike", ts=BASE_TS + 6)],
+        creators,
+    )
+    assert feedback.read("u1", BASE_TS + 7).disliked_creators["c1"] == BASE_TS + 6

@@ -14,7 +14,12 @@ for the embedded process and tests, a ``redis`` one beside this file):
 - **Dislikes**: each disliked video with its time, and the creator of each
   with the time of the latest dislike of one of theirs, at most
   ``dislikes_max`` of each per user, newest kept; kept ``dislikes_ttl_ms``
-  after the user's latest dislike.
+  after the user's latest dislike. A later *positive* engagement with
+  another video of a disliked creator (a finish, like or share, or a play
+  reaching ``positive_watch_ratio``: :func:`creator_changes`) takes the
+  creator off the list: the user showed they still want that creator, so
+  the demotion would only hide what they watch. The disliked video itself
+  stays disliked.
 
 A skip is no engagement (the served video stays excluded) and no dislike.
 The reader (:mod:`app.rerank`) also drops a served entry when the user's
@@ -24,12 +29,14 @@ the signal feed recorded before the served record arrived still counts.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from feature_store.events import Event, EventType
+from feature_store.signals.base import is_positive
 
 ENGAGEMENTS = frozenset(
     {
@@ -56,6 +63,8 @@ class FeedbackParams:
     """Disliked videos (and, apart, creators) kept per user."""
     dislikes_ttl_ms: int = 365 * 24 * 3600 * 1000
     """How long a user's dislikes live after their latest one, ms."""
+    positive_watch_ratio: float = 0.5
+    """A play from this watch ratio is a positive engagement (``features.positive_watch_ratio``)."""
 
 
 class ServedBatch(NamedTuple):
@@ -81,8 +90,31 @@ class FeedbackView:
 EMPTY_VIEW = FeedbackView()
 
 
-def dislikes(events: Sequence[Event]) -> list[Event]:
-    return [e for e in events if e.type == EventType.DISLIKE]
+def needs_creator(event: Event, positive_watch_ratio: float) -> bool:
+    """Whether :meth:`UserFeedback.record_events` needs the creator of ``event``'s video."""
+    return event.type == EventType.DISLIKE or is_positive(event, positive_watch_ratio)
+
+
+def creator_changes(
+    events: Sequence[Event], creators: Mapping[str, str], positive_watch_ratio: float
+) -> tuple[dict[str, dict[str, int]], dict[str, set[str]]]:
+    """Per user, the creators a batch dislikes (with the latest time) and those it takes
+    off the list (a positive engagement after any dislike of theirs in the batch), in
+    event-time order, so a pair ends in at most one of the two."""
+    disliked: dict[str, dict[str, int]] = defaultdict(dict)
+    cleared: dict[str, set[str]] = defaultdict(set)
+    for event in sorted(events, key=lambda e: e.ts):
+        creator = creators.get(event.video_id)
+        if creator is None:
+            continue
+        user = event.user_id
+        if event.type == EventType.DISLIKE:
+            disliked[user][creator] = event.ts
+            cleared[user].discard(creator)
+        elif is_positive(event, positive_watch_ratio):
+            disliked[user].pop(creator, None)
+            cleared[user].add(creator)
+    return {u: d for u, d in disliked.items() if d}, {u: c for u, c in cleared.items() if c}
 
 
 @runtime_checkable
@@ -94,7 +126,8 @@ class UserFeedback(Protocol):
         ...
 
     def record_events(self, events: Sequence[Event], creators: Mapping[str, str]) -> None:
-        """Apply engagements and dislikes; ``creators`` maps disliked videos to creators."""
+        """Apply engagements and dislikes; ``creators`` maps the videos of dislikes and of
+        positive engagements (:func:`needs_creator`) to their creators."""
         ...
 
     def read(self, user_id: str, now_ms: int) -> FeedbackView:

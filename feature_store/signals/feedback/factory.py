@@ -25,6 +25,7 @@ def feedback_params(settings: Settings) -> FeedbackParams:
         served_max=r.served_max_per_user,
         dislikes_max=r.dislikes_max_per_user,
         dislikes_ttl_ms=int(r.dislikes_ttl_s * 1000),
+        positive_watch_ratio=settings.features.positive_watch_ratio,
     )
 
 

@@ -22,6 +22,7 @@ from feature_store.signals.feedback.base import (
     FeedbackParams,
     FeedbackView,
     ServedBatch,
+    creator_changes,
 )
 
 SNAPSHOT_FILE = "feedback.json"
@@ -91,9 +92,16 @@ class MemoryFeedback:
                         served.pop(event.video_id, None)
                 elif event.type == EventType.DISLIKE:
                     self._stamp(self._disliked, event.user_id, event.video_id, event.ts, keep)
-                    creator = creators.get(event.video_id)
-                    if creator is not None:
-                        self._stamp(self._creators, event.user_id, creator, event.ts, keep)
+            disliked, cleared = creator_changes(
+                events, creators, self.params.positive_watch_ratio
+            )
+            for user_id, gone in cleared.items():
+                stamps = self._creators.get(user_id, {})
+                for creator in gone:
+                    stamps.pop(creator, None)
+            for user_id, by_creator in disliked.items():
+                for creator, ts in by_creator.items():
+                    self._stamp(self._creators, user_id, creator, ts, keep)
 
     @staticmethod
     def _stamp(table: dict[str, Stamps], user_id: str, key: str, ts: int, keep: int) -> None:

@@ -29,6 +29,7 @@ from feature_store.signals.feedback.base import (
     FeedbackParams,
     FeedbackView,
     ServedBatch,
+    creator_changes,
 )
 from feature_store.signals.redis import signal_errors
 
@@ -67,24 +68,25 @@ class RedisFeedback:
     def record_events(self, events: Sequence[Event], creators: Mapping[str, str]) -> None:
         cleared: dict[str, set[str]] = defaultdict(set)
         disliked: dict[str, dict[str, int]] = defaultdict(dict)
-        disliked_creators: dict[str, dict[str, int]] = defaultdict(dict)
         for event in events:
             if event.type in ENGAGEMENTS:
                 cleared[event.user_id].add(event.video_id)
             elif event.type == EventType.DISLIKE:
                 stamps = disliked[event.user_id]
                 stamps[event.video_id] = max(stamps.get(event.video_id, 0), event.ts)
-                creator = creators.get(event.video_id)
-                if creator is not None:
-                    by_creator = disliked_creators[event.user_id]
-                    by_creator[creator] = max(by_creator.get(creator, 0), event.ts)
-        if not (cleared or disliked):
+        disliked_creators, forgiven = creator_changes(
+            events, creators, self.params.positive_watch_ratio
+        )
+        if not (cleared or disliked or forgiven):
             return
         p = self.params
         with signal_errors("record_events"):
             pipe = self.client.pipeline(transaction=False)
             for user_id, videos in cleared.items():
                 pipe.zrem(FEEDBACK_SERVED + user_id, *videos)
+            for user_id, gone in forgiven.items():
+                if gone:
+                    pipe.zrem(FEEDBACK_DISLIKED_CREATORS + user_id, *gone)
             for prefix, table in (
                 (FEEDBACK_DISLIKED, disliked),
                 (FEEDBACK_DISLIKED_CREATORS, disliked_creators),
