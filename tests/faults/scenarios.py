@@ -27,6 +27,9 @@ class Outage:
 
     down_at: float
     up_at: float
+    starting_at: float | None = None
+    """When its start was begun: requests sent between this and ``up_at`` may find it
+    listening already, so only those sent before count as sent while it was down."""
 
 
 @dataclass
@@ -107,11 +110,12 @@ def redis_outage(tmp: Path, outage_s: float, before_s: float = 3, after_s: float
         stack.redis.stop()  # SIGTERM; returns once the process is gone
         down_at = time.monotonic()
         time.sleep(outage_s)
+        starting_at = time.monotonic()
         stack.redis.start()  # same port and directory: it reloads its AOF
         up_at = time.monotonic()
         time.sleep(after_s)
         load.stop()
-        return _finish(stack, Run([load], [Outage(down_at, up_at)]))
+        return _finish(stack, Run([load], [Outage(down_at, up_at, starting_at)]))
 
 
 def broker_restarts(
@@ -175,7 +179,8 @@ def common_figures(run: Run) -> dict[str, Any]:
 def redis_figures(run: Run) -> dict[str, Any]:
     out = common_figures(run)
     outage = run.outages[0]
-    during = [a for a in _answers(run, "recommends") if outage.down_at < a.at < outage.up_at]
+    down_until = outage.up_at if outage.starting_at is None else outage.starting_at
+    during = [a for a in _answers(run, "recommends") if outage.down_at < a.at < down_until]
     after = [a for a in _answers(run, "recommends") if a.at > outage.up_at]
     first_normal = next((a.at + a.seconds for a in after if not a.degraded), None)
     out.update(
