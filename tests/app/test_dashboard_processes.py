@@ -67,6 +67,8 @@ def trainer_process(shared_env: dict[str, str]) -> Iterator[subprocess.Popen[byt
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
 
 
 def overview(client: TestClient) -> dict[str, Any]:

@@ -211,10 +211,15 @@ def test_feed_adds_an_impression_and_n_untouched_negatives_per_view() -> None:
     assert len({e.event_id for e in feed}) == len(feed)
 
 
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
 def test_loo_refuses_a_log_that_is_not_positive_only(
     positive_log: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    rows = list(csv.DictReader(open(positive_log[0])))
+    rows = _rows(positive_log[0])
     rows[3]["type"] = "impression"
     path = _write_csv(tmp_path / "mixed.csv", rows)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="positive-only") as exc:
@@ -302,7 +307,7 @@ def test_a_log_from_1996_is_shifted_not_dropped(tmp_path: Path) -> None:
 
 def test_bad_rows_are_reported_and_the_good_ones_kept(tmp_path: Path) -> None:
     events, _ = write_positive_log(tmp_path, users=8, videos=40, views=6)
-    rows = list(csv.DictReader(open(events)))
+    rows = _rows(events)
     rows[2]["type"] = "watched"
     rows[5]["ts"] = "yesterday"
     rows[7]["user_id"] = "has space"
@@ -352,7 +357,7 @@ def test_parquet_events_read_like_csv(positive_log: tuple[Path, Path], tmp_path:
     from feature_store.event_files import read_events
     from feature_store.settings import EventLimits
 
-    rows = list(csv.DictReader(open(positive_log[0])))
+    rows = _rows(positive_log[0])
     table = pa.table({
         "event_id": [r["event_id"] for r in rows], "user_id": [r["user_id"] for r in rows],
         "video_id": [r["video_id"] for r in rows], "type": [r["type"] for r in rows],

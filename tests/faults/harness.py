@@ -68,13 +68,14 @@ def stack_env(data_dir: Path, redis_url: str, bootstrap: str, namespace: str) ->
 
 def vidrec(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     """``vidrec ARGS`` as a subprocess of this checkout, its log appended to ``log``."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "--log-level", "WARNING", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "ab"),  # noqa: SIM115 - closed with the process
-    )
+    with open(log, "ab") as stderr:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
 
 
 def stop(process: subprocess.Popen[bytes], timeout_s: float = 60) -> int:

@@ -102,12 +102,13 @@ class Trainer:
         return self.data_dir / "trainer" / GROUP
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "train"],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "ab"),  # noqa: SIM115 - closed with the process
-        )
+        with open(self.log, "ab") as stderr:  # the child has its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "train"],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
 
     def latest_seq(self) -> int:
         try:

@@ -79,12 +79,13 @@ def _checkpointed_events(data_dir: Path) -> int:
 
 
 def _start(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "train"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=open(log_path, "ab"),  # noqa: SIM115 - closed with the process
-    )
+    with open(log_path, "ab") as stderr:  # the child has its own copy of the descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "train"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
 
 
 @pytest.mark.parametrize("backend", ["memory", pytest.param("kafka", marks=pytest.mark.kafka)])
