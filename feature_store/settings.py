@@ -276,14 +276,16 @@ class ApiSettings(_Section):
     signal_feed: bool = True
     """Run the signal feed (a consumer group updating trending and co-visitation) in
     the service process. Turn off only where another process records the signals."""
-    ranking_weights: RankingWeights = Field(
-        default_factory=lambda: _heads(engagement=1.0, watch=0.5, negative=-1.0)
-    )
+    ranking_weights: RankingWeights = Field(default_factory=lambda: _heads(engagement=1.0))
     """Weight of each ranking head in the served score (dimensionless exponents, see
     ``app/scoring/fusion.py``): ``log score = sum |w| log p`` (``log(1 - p)`` for a
     negative weight), so the score stays in (0, 1] and ``{"engagement": 1}`` alone is
-    the engagement probability. A model from before heads is scored by engagement alone.
-    JSON in the environment: ``VIDREC_API__RANKING_WEIGHTS='{"engagement": 1}'``."""
+    the engagement probability. Engagement alone by default: on ml-100k it kept the
+    service's recall@20 and NDCG@20, and engagement 1, watch 0.5, negative -1 lost a
+    little of both (docs/benchmarks.md); try other weights in an experiment arm
+    (``Arm.fusion``). A model from before heads is scored by engagement alone.
+    JSON in the environment: ``VIDREC_API__RANKING_WEIGHTS='{"engagement": 1, "negative":
+    -1}'``."""
     min_head_samples: int = Field(1000, ge=0)
     """Training samples (as the version's manifest counts them) a head needs before the
     fusion uses it; fewer and its weight is ignored. An untrained head's output varies

@@ -27,6 +27,7 @@ the model appends, so a short tag list or history pools over real rows only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -109,6 +110,12 @@ class WideDeep(nn.Module):
         return torch.sigmoid(self.head_logits(*inputs))
 
 
+PRIOR_RATES = {"negative": 0.05}
+"""Initial output of a head whose label is rare: its bias starts at the log-odds of
+this rate instead of 0 (50%), so its first batches do not push the shared tower
+hard toward "rare" (explicit negatives are a few percent of samples)."""
+
+
 def _head_layer(width: int, heads: int) -> nn.Linear:
     """The last layer, one output per head, drawing from the global RNG what the
     single-output layer drew: the engagement row is initialised exactly as before
@@ -121,6 +128,9 @@ def _head_layer(width: int, heads: int) -> nn.Linear:
     with torch.no_grad():
         layer.weight[:1] = engagement.weight
         layer.bias[:1] = engagement.bias
+        for i, head in enumerate(HEADS):
+            if head in PRIOR_RATES:
+                layer.bias[i] = math.log(PRIOR_RATES[head] / (1 - PRIOR_RATES[head]))
     return layer
 
 

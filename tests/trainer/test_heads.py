@@ -295,3 +295,16 @@ def test_each_head_counts_its_samples_and_the_export_records_them(tmp_path: Path
         again = OnlineReplay(res)
         assert again.loop.metrics.head_samples == counts
         again.close()
+
+
+def test_a_rare_head_starts_at_its_prior_rate() -> None:
+    """The negative head's bias starts at the log-odds of a few percent, not at 50%."""
+    import torch
+
+    from feature_store.features.schema import default_schema
+    from feature_store.model_io import HEADS
+    from trainer.model import PRIOR_RATES, WideDeep
+
+    model = WideDeep(default_schema(), hidden=(32, 16))
+    bias = model.mlp[-1].bias[HEADS.index("negative")]
+    assert torch.sigmoid(bias).item() == pytest.approx(PRIOR_RATES["negative"], rel=1e-5)
