@@ -59,7 +59,7 @@ def main() -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.server import TRAINER_EXTRA, embedded_trainer
+    from app.wiring import TRAINER_EXTRA, embedded_trainer
     from tests.services import RedisServer, TansuBroker, free_port
 
     services: list[Any] = []

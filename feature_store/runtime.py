@@ -127,7 +127,7 @@ class Families:
     family is ``Resources.tables``; another one is found here:
 
     - **embedded** (memory tables): a retrain family's tables live in the
-      trainer's memory; :class:`~feature_store.retrain.RetrainManager`
+      trainer's memory; :class:`~trainer.retrain.RetrainManager`
       registers them (:meth:`register`) when it starts the family. They are
       snapshotted with the process under ``<data_dir>/families/<family>`` and
       reopened from there after a restart, so a promoted family still serves;

@@ -241,7 +241,7 @@ def user_insight(service: Service, user_id: str, count: int) -> dict[str, Any]:
 
 
 RETRAIN_EXTRA = "retrain"
-"""Where ``feature_store.retrain.RetrainManager`` registers itself in ``Resources.extras``."""
+"""Where ``trainer.retrain.RetrainManager`` registers itself in ``Resources.extras``."""
 
 
 def _points(series: MetricsSeries | None, since_ms: int) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ with warnings.catch_warnings():
 from app.dashboard.audit import FileAuditLog, RedisAuditLog, recent
 from app.dashboard.sampling import quantile
 from app.main import create_app
-from app.server import embedded_extensions
+from app.wiring import embedded_extensions
 from feature_store.settings import Settings
 from tests.app.conftest import make_settings, publish_model, service_of, wait_for
 

@@ -24,7 +24,7 @@ with warnings.catch_warnings():
     import feature_store.eventlog.kafka  # noqa: F401
 
 from app.main import create_app
-from app.server import TRAINER_EXTRA, embedded_trainer
+from app.wiring import TRAINER_EXTRA, embedded_trainer
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
 from tests.services import TansuBroker
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.main import create_app
-from app.server import TRAINER_EXTRA, embedded_trainer
+from app.wiring import TRAINER_EXTRA, embedded_trainer
 from feature_store.errors import EventLogUnavailable
 from tests.app.conftest import KEY, make_settings, wait_for
 

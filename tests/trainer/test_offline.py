@@ -7,13 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.evaluation.datasets import movielens_events
 from feature_store.component import (
     OFFLINE_ENTRY_POINT,
     REPLAY_ENTRY_POINT,
     ReplayHandle,
     load_component,
 )
-from feature_store.datasets import movielens_events
 from feature_store.quality import roc_auc
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
