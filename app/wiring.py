@@ -33,10 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRAINER_EXTRA = "trainer"
-"""Key of the embedded trainer in ``Resources.extras`` (``/v1/status`` reports it)."""
-
-
 @contextmanager
 def embedded_trainer(service: Service) -> Iterator[TrainerComponent]:
     """The online trainer, training in a background thread of the service's process."""
@@ -45,18 +41,20 @@ def embedded_trainer(service: Service) -> Iterator[TrainerComponent]:
     from trainer.retrain import RetrainManager
 
     trainer = TrainerComponent(service.resources)
-    service.resources.extras[TRAINER_EXTRA] = trainer
+    service.trainer = trainer
     trainer.start()
     log.info("embedded trainer started")
     retrainer = RetrainManager(TrainerComponent, service.resources)
+    service.retrain = retrainer
     listener = ControlListener(control_channel(service.resources), trainer, retrainer=retrainer)
     listener.start()
     try:
         yield trainer
     finally:
-        listener.close()
+        listener.close()  # closes the retrainer too
+        service.retrain = None
         trainer.stop()
-        service.resources.extras.pop(TRAINER_EXTRA, None)
+        service.trainer = None
 
 
 def embedded_extensions(demo: bool) -> list[Extension]:

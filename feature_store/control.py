@@ -53,8 +53,6 @@ log = logging.getLogger(__name__)
 
 LIVE = "live"
 """Target of the live trainer (its family serves); retrain families have their own ids."""
-CONTROL_EXTRA = "control"
-"""Key of the process's control channel in ``Resources.extras`` (closed with them)."""
 ACTIONS = ("pause", "resume", "export", "status", "retrain", "retrain_stop")
 """Actions a listener knows; anything else is acknowledged as ``failed``."""
 _STREAM_LEN = 10_000
@@ -298,11 +296,9 @@ def control_channel(resources: Resources) -> ControlChannel:
     Embedded, the API and the trainer get the same in-process object; with
     ``stores.backend = "redis"`` every process talks through Redis.
     """
-    channel: ControlChannel | None = resources.extras.get(CONTROL_EXTRA)
-    if channel is None:
+    if resources.control is None:
         if resources.settings.stores.backend == "redis" and resources.redis_client is not None:
-            channel = RedisChannel(resources.redis_client)
+            resources.control = RedisChannel(resources.redis_client)
         else:
-            channel = MemoryChannel()
-        resources.extras[CONTROL_EXTRA] = channel
-    return channel
+            resources.control = MemoryChannel()
+    return resources.control

@@ -29,10 +29,6 @@ from trainer.loop import OnlineTrainer
 
 log = logging.getLogger(__name__)
 
-SERIES_EXTRA = "trainer_series"
-"""Key of the trainer's metrics series in ``Resources.extras`` (the service reads it)."""
-
-
 class TrainerComponent:
     """A :class:`feature_store.component.TrainerHandle` over :class:`OnlineTrainer`."""
 
@@ -44,10 +40,10 @@ class TrainerComponent:
         series: MetricsSeries | None = None,
     ) -> None:
         if series is None:
-            series = resources.extras.get(SERIES_EXTRA)
+            series = resources.trainer_series
         if series is None:
             series = open_timeseries(resources.settings, resources.redis_client)
-            resources.extras[SERIES_EXTRA] = series
+            resources.trainer_series = series  # the dashboard of this process reads it
         self.series = series
         self.loop = OnlineTrainer(resources, registry=registry, series=series)
         self._worker = Worker("vidrec-trainer", lambda stop: self._run_thread())

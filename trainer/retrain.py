@@ -56,10 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RETRAIN_EXTRA = "retrain"
-"""Key of the process's :class:`RetrainManager` in ``Resources.extras``."""
-_SERIES_EXTRA = "trainer_series"
-
 
 class ReplayLog:
     """The live event log, whose new consumers start at ``from_ts_ms`` (see the module doc)."""
@@ -97,7 +93,7 @@ class Family:
 
     @property
     def series(self) -> MetricsSeries | None:
-        series: MetricsSeries | None = self.resources.extras.get(_SERIES_EXTRA)
+        series: MetricsSeries | None = self.resources.trainer_series
         return series
 
     def describe(self) -> dict[str, Any]:
@@ -126,7 +122,6 @@ class RetrainManager:
         """Families training at once; each costs a trainer's CPU and memory."""
         self.families: dict[str, Family] = {}
         self._lock = threading.Lock()
-        resources.extras[RETRAIN_EXTRA] = self
 
     # --- control.Retrainer ------------------------------------------------
 
@@ -161,7 +156,6 @@ class RetrainManager:
     def close(self) -> None:
         for family in list(self.families.values()):
             self.stop(family.id)
-        self.live.extras.pop(RETRAIN_EXTRA, None)
 
     # --- families -----------------------------------------------------------
 
@@ -229,5 +223,6 @@ class RetrainManager:
             event_log=ReplayLog(live.event_log, from_ts_ms),  # type: ignore[arg-type]
             activity=MemoryActivity(settings.features),
             tables=tables,
-            extras={},
+            # the family's own parts: its trainer opens its series, nothing is shared
+            signals=None, feedback=None, control=None, families=None, trainer_series=None,
         )

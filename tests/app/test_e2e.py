@@ -24,7 +24,7 @@ with warnings.catch_warnings():
     import feature_store.eventlog.kafka  # noqa: F401
 
 from app.main import create_app
-from app.wiring import TRAINER_EXTRA, embedded_trainer
+from app.wiring import embedded_trainer
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
 from tests.services import TansuBroker
 
@@ -116,7 +116,7 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         now = int(time.time() * 1000)
         put = http.put("/v1/videos", json={"videos": catalog(now)}, headers=KEY)
         assert put.status_code == 200 and put.json()["accepted"] == 2 * PER_CATEGORY + 3
-        trainer = app.state.service.resources.extras[TRAINER_EXTRA]
+        trainer = app.state.service.trainer
         first = trainer.export_now(activate=True)
         wait_for(lambda: http.get("/readyz").json()["degraded"] is False, timeout_s=60)
         every = [f"{cat}{i}" for cat in CATEGORIES for i in range(PER_CATEGORY)]
