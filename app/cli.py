@@ -67,7 +67,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from app.evaluation.cli import run_eval
+    from app.wiring import run_eval
 
     return run_eval(args)
 

@@ -9,6 +9,8 @@ serve`` never loads torch.
 - ``vidrec up``: :func:`run_up`, the API with :func:`embedded_trainer` (and
   the demo traffic) as lifespan extensions, all on one set of resources.
 - ``vidrec train``: :func:`run_train`, the trainer alone on its own resources.
+- ``vidrec eval``: :func:`run_eval`, the evaluation with :func:`eval_trainers`
+  (the online trainer driven in the caller's thread, and offline epochs).
 
 Beside each trainer it starts a :class:`~trainer.control.ControlListener`
 (the dashboard's actions) with a :class:`~trainer.retrain.RetrainManager`
@@ -17,6 +19,7 @@ Beside each trainer it starts a :class:`~trainer.control.ControlListener`
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 from collections.abc import Iterator
@@ -29,6 +32,7 @@ from feature_store.control import control_channel
 from feature_store.settings import Settings
 
 if TYPE_CHECKING:
+    from app.evaluation.runner import EvalTrainers
     from trainer.component import TrainerComponent
 
 log = logging.getLogger(__name__)
@@ -90,3 +94,18 @@ def run_train(settings: Settings) -> int:
         with ControlListener(control_channel(resources), trainer, retrainer=retrainer):
             trainer.run()  # the listener carries out the dashboard's actions
     return 0
+
+
+def eval_trainers() -> EvalTrainers:
+    """What ``vidrec eval`` (and its tests) train with: the real online and offline trainers."""
+    from app.evaluation.runner import EvalTrainers
+    from trainer.offline import OnlineReplay, train_offline
+
+    return EvalTrainers(replay=OnlineReplay, offline=train_offline)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``vidrec eval``: trainer and service replayed in this process, beside baselines."""
+    from app.evaluation.cli import run_eval as run
+
+    return run(args, eval_trainers())

@@ -1,8 +1,7 @@
 """``TrainerComponent``: the trainer as the service and the CLI see it.
 
-Registered under the ``vidrec.components:trainer`` entry point, so ``app``
-finds it without importing ``trainer`` (see
-:mod:`feature_store.component`). ``start`` runs the loop in a daemon thread
+Built by the composition root (``app.wiring``), the one module of ``app``
+that imports ``trainer``. ``start`` runs the loop in a daemon thread
 (embedded mode, inside ``vidrec up``); ``run`` runs it in the caller's
 thread (``vidrec train``, whose SIGTERM handler calls ``stop``).
 
@@ -30,7 +29,7 @@ from trainer.loop import OnlineTrainer
 log = logging.getLogger(__name__)
 
 class TrainerComponent:
-    """A :class:`feature_store.component.TrainerHandle` over :class:`OnlineTrainer`."""
+    """A :class:`trainer.control.TrainerHandle` over :class:`OnlineTrainer`."""
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 It reads :class:`~feature_store.control.Command` s for its ``target`` from the
 process's :class:`~feature_store.control.ControlChannel`, acknowledges each
 as ``accepted``, carries it out through the
-:class:`~feature_store.component.TrainerHandle` protocol and acknowledges it
+:class:`TrainerHandle` protocol and acknowledges it
 again as ``done`` or ``failed``. Retraining (a second model family) is
 handled by an optional :class:`Retrainer` (``trainer.retrain``). The
 composition root starts one beside every trainer, embedded (``vidrec up``)
@@ -15,16 +15,46 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from feature_store.control import ACTIONS, LIVE, Ack, Command, ControlChannel
 from feature_store.errors import InvalidInput, StoreUnavailable
 from feature_store.worker import Worker
 
-if TYPE_CHECKING:
-    from feature_store.component import TrainerHandle
-
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class TrainerHandle(Protocol):
+    """What the listener and the retrain manager drive: a running (or runnable) trainer.
+
+    :class:`trainer.component.TrainerComponent` is the one the composition
+    root builds; tests drive the listener with fakes.
+    """
+
+    def start(self) -> None:
+        """Train in a background thread until :meth:`stop`."""
+        ...
+
+    def run(self) -> None:
+        """Train in the calling thread until stopped (SIGTERM / :meth:`stop`)."""
+        ...
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop fetching, finish and commit the batch in flight, checkpoint."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """State (running, paused, stopped), counters and latest metrics."""
+        ...
+
+    def export_now(self, activate: bool = True) -> str:
+        """Export the current dense network as a new version; returns its name."""
+        ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
 
 
 class Retrainer(Protocol):

@@ -41,20 +41,24 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from feature_store.activity.memory import MemoryActivity
-from feature_store.component import TrainerFactory, TrainerHandle
 from feature_store.control import Command
 from feature_store.errors import Conflict, InvalidInput, NotFound
 from feature_store.runtime import Resources, families, table_specs
 from feature_store.sparse import open_table
+from trainer.control import TrainerHandle
 
 if TYPE_CHECKING:
     from feature_store.eventlog.base import EventConsumer, EventLog
     from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
+
+TrainerFactory = Callable[[Resources], TrainerHandle]
+"""Builds a family's trainer on its resources (the root passes ``TrainerComponent``)."""
 
 
 class ReplayLog:
