@@ -9,8 +9,9 @@
 
 Settings come from ``VIDREC_*`` environment variables (see
 ``feature_store.settings``); flags override the few that people change by
-hand. The trainer is found through its entry point, so this module (part of
-the service) never imports ``trainer``.
+hand. ``up``, ``train`` and ``eval`` are built by the composition root
+(``app.wiring``), imported inside their commands, so ``vidrec serve`` and
+this module never load ``trainer`` or torch.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """End to end over HTTP with real Redis and the Kafka-protocol broker.
 
 The service runs under uvicorn with the Redis sparse tables and stores, the
-Kafka event log (Tansu) and the real trainer started through its entry point
-(as ``vidrec up`` does). A catalog and events go in over HTTP; the trainer
+Kafka event log (Tansu) and the real trainer started by the composition root's
+``embedded_trainer`` (as ``vidrec up`` does). A catalog and events go in over HTTP; the trainer
 consumes them, exports a new version, the service hot-swaps it, and the
 user's recommendations move toward what they just engaged with.
 """
