@@ -9,15 +9,15 @@
 
 Settings come from ``VIDREC_*`` environment variables (see
 ``feature_store.settings``); flags override the few that people change by
-hand. The trainer is found through its entry point, so this module (part of
-the service) never imports ``trainer``.
+hand. ``up``, ``train`` and ``eval`` are built by the composition root
+(``app.wiring``), imported inside their commands, so ``vidrec serve`` and
+this module never load ``trainer`` or torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,9 +37,9 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from app.server import run_embedded
+    from app.wiring import run_up
 
-    return run_embedded(_settings(args), host=args.host, port=args.port, demo=args.demo)
+    return run_up(_settings(args), host=args.host, port=args.port, demo=args.demo)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -49,26 +49,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from feature_store import tracing
-    from feature_store.component import load_trainer_factory
-    from feature_store.control import ControlListener, control_channel
-    from feature_store.retrain import RetrainManager
-    from feature_store.runtime import open_resources
+    from app.wiring import run_train
 
-    settings = _settings(args)
-    factory = load_trainer_factory()
-    with tracing.configured(settings.tracing, "trainer"), open_resources(settings) as resources:
-        trainer = factory(resources)
-        signal.signal(signal.SIGTERM, lambda *_: trainer.stop())
-        signal.signal(signal.SIGINT, lambda *_: trainer.stop())
-        retrainer = RetrainManager(factory, resources)
-        with ControlListener(control_channel(resources), trainer, retrainer=retrainer):
-            trainer.run()  # the listener carries out the dashboard's actions
-    return 0
+    return run_train(_settings(args))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from feature_store.datasets import replay_dataset
+    from app.evaluation.datasets import replay_dataset
     from feature_store.runtime import open_resources
 
     settings = _settings(args)
@@ -81,7 +68,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from app.evaluation.cli import run_eval
+    from app.wiring import run_eval
 
     return run_eval(args)
 

@@ -1,12 +1,13 @@
 """Running the service: ``vidrec up`` (everything in one process) and ``vidrec serve``.
 
 ``run_embedded`` is the README's run command: the API, the online trainer
-(found through its entry point, so this module never imports ``trainer`` or
-torch itself), the event log, the sparse tables, the stores and the signals
-all in one process, state snapshotted under ``data_dir`` on shutdown so a
-restart keeps what was learned. The backends follow the settings: with
-``VIDREC_EVENT_LOG__BACKEND=kafka`` and Redis backends it uses Kafka and Redis
-instead. ``--demo`` adds :mod:`app.demo`'s simulated users.
+(handed in as an extension by the composition root, ``app.wiring``, so this
+module never imports ``trainer`` or torch itself), the event log, the sparse
+tables, the stores and the signals all in one process, state snapshotted under
+``data_dir`` on shutdown so a restart keeps what was learned. The backends
+follow the settings: with ``VIDREC_EVENT_LOG__BACKEND=kafka`` and Redis
+backends it uses Kafka and Redis instead. ``--demo`` adds :mod:`app.demo`'s
+simulated users.
 
 ``run_service`` is the HTTP service alone (production: ``vidrec train`` runs
 the trainer elsewhere). uvicorn handles SIGINT/SIGTERM by finishing
@@ -17,51 +18,15 @@ trainer gracefully and closes every client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import uvicorn
 
 from app.main import Extension, create_app
-from app.service import Service
 from feature_store import tracing
-from feature_store.component import TrainerHandle, load_trainer_factory
-from feature_store.control import ControlListener, control_channel
-from feature_store.retrain import RetrainManager
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
-
-TRAINER_EXTRA = "trainer"
-"""Key of the embedded trainer in ``Resources.extras`` (``/v1/status`` reports it)."""
-
-
-@contextmanager
-def embedded_trainer(service: Service) -> Iterator[TrainerHandle]:
-    """The installed trainer, training in a background thread of this process."""
-    factory = load_trainer_factory()
-    trainer = factory(service.resources)
-    service.resources.extras[TRAINER_EXTRA] = trainer
-    trainer.start()
-    log.info("embedded trainer started")
-    retrainer = RetrainManager(factory, service.resources)
-    listener = ControlListener(control_channel(service.resources), trainer, retrainer=retrainer)
-    listener.start()
-    try:
-        yield trainer
-    finally:
-        listener.close()
-        trainer.stop()
-        service.resources.extras.pop(TRAINER_EXTRA, None)
-
-
-def embedded_extensions(demo: bool) -> list[Extension]:
-    extensions: list[Extension] = [embedded_trainer]
-    if demo:
-        from app.demo import demo_traffic
-
-        extensions.append(demo_traffic)
-    return extensions
 
 
 def _serve(app: object, host: str, port: int) -> int:
@@ -77,8 +42,17 @@ def _serve(app: object, host: str, port: int) -> int:
     return 0
 
 
-def run_embedded(settings: Settings, host: str, port: int, demo: bool = False) -> int:
-    """API + trainer + embedded backends in one process, until SIGINT/SIGTERM."""
+def run_embedded(
+    settings: Settings,
+    host: str,
+    port: int,
+    extensions: Sequence[Extension],
+    demo: bool = False,
+) -> int:
+    """API + ``extensions`` (the composition root's trainer, demo) in one process.
+
+    Runs until SIGINT/SIGTERM; ``demo`` only names the mode in the log line.
+    """
     log.info(
         "vidrec up on http://%s:%d (docs at /docs), data in %s%s",
         host,
@@ -87,7 +61,7 @@ def run_embedded(settings: Settings, host: str, port: int, demo: bool = False) -
         ", demo traffic on" if demo else "",
     )
     with tracing.configured(settings.tracing, "embedded"):
-        return _serve(create_app(settings, extensions=embedded_extensions(demo)), host, port)
+        return _serve(create_app(settings, extensions=list(extensions)), host, port)
 
 
 def run_service(settings: Settings, host: str, port: int) -> int:

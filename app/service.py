@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from app.cache import CachedReads
 from app.candidates.retrieval import Retriever
@@ -37,8 +38,44 @@ from feature_store.features.values import layout_of
 from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
 from feature_store.signals.feedback import attach_feedback
+from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
+
+
+class TrainerView(Protocol):
+    """What the service reads of a trainer running in its process (``/v1/status``, dashboard).
+
+    Structural, so the service never imports ``trainer``: the composition root
+    (``app.wiring``) hands it the trainer it started.
+    """
+
+    def status(self) -> dict[str, Any]:
+        """State (running, paused, stopped), counters and latest metrics."""
+        ...
+
+
+class RetrainFamilyView(Protocol):
+    """One retrain family, as the dashboard shows it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def series(self) -> MetricsSeries | None:
+        """The family's metrics series (its points on the dashboard's chart)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """State, progress and the family's trainer status."""
+        ...
+
+
+class RetrainView(Protocol):
+    """The retrain families a trainer in this process runs (``trainer.retrain``)."""
+
+    @property
+    def families(self) -> Mapping[str, RetrainFamilyView]: ...
 
 
 @dataclass
@@ -62,6 +99,11 @@ class Service:
     experiment_feed: ExperimentFeed | None = None
     """The experiment metrics feed, when this process runs it (``experiments.metrics_feed``)."""
     experiment_checkpoints: FeedCheckpoints | None = None
+    trainer: TrainerView | None = None
+    """The trainer running in this process (``vidrec up``), set by the composition root
+    while it runs; None when the trainer is a separate process (its heartbeat is read)."""
+    retrain: RetrainView | None = None
+    """That trainer's retrain families, set with it."""
     started_at: float = field(default_factory=time.time)
 
     @property

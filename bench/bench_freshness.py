@@ -59,7 +59,7 @@ def main() -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.server import TRAINER_EXTRA, embedded_trainer
+    from app.wiring import embedded_trainer
     from tests.services import RedisServer, TansuBroker, free_port
 
     services: list[Any] = []
@@ -159,7 +159,7 @@ def main() -> int:
                 rows_s.append(row_at - accepted)
                 signals_s.append(signal_at - accepted)
                 time.sleep(0.1)
-        trainer_status = service.resources.extras[TRAINER_EXTRA].status()
+        trainer_status = service.trainer.status()
     finally:
         server.should_exit = True
         thread.join(timeout=60)

@@ -2,11 +2,14 @@
 
 The dashboard (in the API process) sends a :class:`Command` (an id, who
 issued it, an action, its arguments and the trainer it targets); a
-:class:`ControlListener` running beside each trainer reads it, acknowledges
-it as ``accepted``, carries it out through the
-:class:`~feature_store.component.TrainerHandle` protocol and acknowledges it
-again as ``done`` or ``failed`` with a message and a result. The issuer waits
-for the final :class:`Ack` (:meth:`ControlChannel.wait`) and shows it.
+listener running beside each trainer (``trainer.control.ControlListener``)
+reads it, acknowledges it as ``accepted``, carries it out and acknowledges
+it again as ``done`` or ``failed`` with a message and a result. The issuer
+waits for the final :class:`Ack` (:meth:`ControlChannel.wait`) and shows it.
+
+The channel is part of the contract between the two sides (the API sends,
+the trainer listens, possibly on different machines), so it lives here;
+the listener, which carries commands out on a trainer, lives in ``trainer``.
 
 Backends, chosen like the metrics series (``stores.backend``):
 
@@ -23,11 +26,6 @@ command nobody acknowledges times out at the issuer, who says so. Every
 listener whose ``target`` matches acts: with several replicas of one
 trainer group each pauses, and each exports (the first final ack answers
 the issuer).
-
-Because the listener only needs the ``TrainerHandle`` protocol it lives
-here, not in ``trainer``: embedded mode (``app.server``) and ``vidrec train``
-(``app.cli``) start the same one. Retraining (a second model family) is
-handled by an optional :class:`Retrainer` (``feature_store.retrain``).
 """
 
 from __future__ import annotations
@@ -40,26 +38,21 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import redis
 
 from feature_store.constants import CONTROL_ACKS, CONTROL_COMMANDS
-from feature_store.errors import InvalidInput, StoreUnavailable
+from feature_store.errors import StoreUnavailable
 from feature_store.redis_errors import redis_errors
-from feature_store.worker import Worker
 
 if TYPE_CHECKING:
-    from feature_store.component import TrainerHandle
     from feature_store.runtime import Resources
 
 log = logging.getLogger(__name__)
 
 LIVE = "live"
 """Target of the live trainer (its family serves); retrain families have their own ids."""
-CONTROL_EXTRA = "control"
-"""Key of the process's control channel in ``Resources.extras`` (closed with them)."""
 ACTIONS = ("pause", "resume", "export", "status", "retrain", "retrain_stop")
 """Actions a listener knows; anything else is acknowledged as ``failed``."""
 _STREAM_LEN = 10_000
@@ -303,155 +296,9 @@ def control_channel(resources: Resources) -> ControlChannel:
     Embedded, the API and the trainer get the same in-process object; with
     ``stores.backend = "redis"`` every process talks through Redis.
     """
-    channel: ControlChannel | None = resources.extras.get(CONTROL_EXTRA)
-    if channel is None:
+    if resources.control is None:
         if resources.settings.stores.backend == "redis" and resources.redis_client is not None:
-            channel = RedisChannel(resources.redis_client)
+            resources.control = RedisChannel(resources.redis_client)
         else:
-            channel = MemoryChannel()
-        resources.extras[CONTROL_EXTRA] = channel
-    return channel
-
-
-class Retrainer(Protocol):
-    """What a listener needs to start, stop and steer retrain families."""
-
-    def handle(self, command: Command) -> tuple[str, dict[str, Any]]:
-        """Carry out ``retrain``/``retrain_stop`` or a command targeting a family."""
-        ...
-
-    def targets(self) -> set[str]:
-        """Ids of the retrain families this process runs."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class ControlListener:
-    """Reads commands for ``target`` and carries them out on ``trainer``; acks each.
-
-    Runs in its own daemon thread from :meth:`start` (or ``with``) until
-    :meth:`close`. Commands are handled one at a time, in the order issued.
-    """
-
-    def __init__(
-        self,
-        channel: ControlChannel,
-        trainer: TrainerHandle,
-        *,
-        target: str = LIVE,
-        retrainer: Retrainer | None = None,
-        poll_s: float = 0.5,
-        state_wait_s: float = 10.0,
-    ) -> None:
-        self.channel = channel
-        self.trainer = trainer
-        self.target = target
-        self.retrainer = retrainer
-        self.poll_s = poll_s
-        self.state_wait_s = state_wait_s
-        """How long pause/resume wait for the loop to report the new state."""
-        self.handled = 0
-        self._cursor = ""
-        self._name = _group_of(trainer)
-        self._worker = Worker("vidrec-control", lambda stop: self._loop(), join_timeout_s=30)
-        self._stop = self._worker.stop_event
-
-    def start(self) -> ControlListener:
-        self._cursor = self.channel.tail()
-        self._worker.start()
-        log.info("control listener for %s (%s) started", self.target, self._name)
-        return self
-
-    def close(self) -> None:
-        self._worker.stop()
-        if self.retrainer is not None:
-            self.retrainer.close()
-
-    def __enter__(self) -> ControlListener:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                batch = self.channel.commands(self._cursor, self.poll_s)
-            except StoreUnavailable as exc:
-                log.warning("control channel unavailable: %s", exc)
-                self._stop.wait(1.0)
-                continue
-            for cursor, command in batch:
-                self._cursor = cursor
-                if self._mine(command):
-                    self.handle(command)
-
-    def _mine(self, command: Command) -> bool:
-        if command.target == self.target:
-            return True
-        return self.retrainer is not None and command.target in self.retrainer.targets()
-
-    def handle(self, command: Command) -> Ack:
-        """Acknowledge, carry out and acknowledge again; returns the final ack."""
-        self._ack(Ack(command.id, "accepted", f"{command.action} accepted", by=self._name))
-        try:
-            message, result = self._dispatch(command)
-            final = Ack(command.id, "done", message, result, by=self._name)
-        except Exception as exc:  # the issuer sees the reason; the listener goes on
-            log.warning("control: %s %s failed: %s", command.action, command.id, exc)
-            final = Ack(command.id, "failed", f"{type(exc).__name__}: {exc}", by=self._name)
-        self._ack(final)
-        self.handled += 1
-        return final
-
-    def _ack(self, ack: Ack) -> None:
-        try:
-            self.channel.ack(ack)
-        except StoreUnavailable as exc:
-            log.warning("control: ack of %s lost: %s", ack.command_id, exc)
-
-    def _dispatch(self, command: Command) -> tuple[str, dict[str, Any]]:
-        action = command.action
-        if self.retrainer is not None and (
-            action in ("retrain", "retrain_stop") or command.target != self.target
-        ):
-            return self.retrainer.handle(command)
-        trainer = self.trainer
-        if action == "pause":
-            trainer.pause()
-            state = self._await_state("paused")
-            return f"trainer {state}", {"state": state}
-        if action == "resume":
-            trainer.resume()
-            state = self._await_state("running")
-            return f"trainer {state}", {"state": state}
-        if action == "export":
-            version = trainer.export_now(activate=bool(command.args.get("activate", True)))
-            return f"exported {version}", {"version": version}
-        if action == "status":
-            return "status", {"status": trainer.status()}
-        if action in ("retrain", "retrain_stop"):
-            raise InvalidInput("action", "this trainer process runs no retrain manager")
-        raise InvalidInput("action", f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
-
-    def _await_state(self, wanted: str) -> str:
-        """The trainer's state once it reports ``wanted`` (or whatever it is at the deadline)."""
-        deadline = time.monotonic() + self.state_wait_s
-        state = str(self.trainer.status().get("state"))
-        while state != wanted and time.monotonic() < deadline:
-            time.sleep(0.02)
-            state = str(self.trainer.status().get("state"))
-        return state
-
-
-def _group_of(trainer: TrainerHandle) -> str:
-    try:
-        return str(trainer.status().get("group_id", "trainer"))
-    except Exception:  # a name for logs only
-        return "trainer"
+            resources.control = MemoryChannel()
+    return resources.control

@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,14 +30,14 @@ if TYPE_CHECKING:
 
     from feature_store.activity.base import ActivityStore
     from feature_store.catalog.base import CatalogStore
+    from feature_store.control import ControlChannel
     from feature_store.eventlog.base import EventLog
+    from feature_store.signals.base import CandidateSignals
+    from feature_store.signals.feedback.base import UserFeedback
     from feature_store.sparse.base import SparseTable
+    from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
-
-FAMILIES_EXTRA = "families"
-"""Key of the process's :class:`Families` in ``Resources.extras``."""
-
 
 @dataclass
 class Resources:
@@ -55,8 +55,20 @@ class Resources:
     served_log: EventLog | None = None
     """The served log (what the service recommended, with the features it scored), beside
     the event log; None when ``served_log.enabled`` is off."""
-    extras: dict[str, Any] = field(default_factory=dict)
-    """Components added by later layers (e.g. candidate signals), closed in reverse."""
+    signals: CandidateSignals | None = None
+    """The process's candidate signals, opened once by ``attach_signals``; closed (and, in
+    memory, snapshotted) with the resources."""
+    feedback: UserFeedback | None = None
+    """The process's served/disliked feedback, opened once by ``attach_feedback``; closed
+    with the resources."""
+    control: ControlChannel | None = None
+    """The control channel, opened once by ``control_channel``: embedded, the API and the
+    trainer share this one object."""
+    families: Families | None = None
+    """Retrain families' tables, created on first use by :func:`families`."""
+    trainer_series: MetricsSeries | None = None
+    """The in-process trainer's metrics series, set by the trainer: embedded, the
+    dashboard reads this one (live in memory) instead of opening its own."""
 
     @property
     def data_dir(self) -> Path:
@@ -72,9 +84,8 @@ class Resources:
         if self.settings.sparse.backend == "memory":
             for name, table in self.tables.items():
                 table.snapshot(self.data_dir / "sparse" / name)
-            families = self.extras.get(FAMILIES_EXTRA)
-            if families is not None:
-                families.snapshot()
+            if self.families is not None:
+                self.families.snapshot()
         if self.settings.stores.backend == "memory":
             self.catalog.snapshot(self.data_dir / "catalog")
             self.activity.snapshot(self.data_dir / "activity")
@@ -96,10 +107,12 @@ class Resources:
             self.snapshot()
         except Exception:  # a failed snapshot must not leak open clients
             log.exception("snapshot on close failed")
-        for extra in reversed(list(self.extras.values())):
-            close = getattr(extra, "close", None)
-            if close is not None:
-                close()
+        # Opened after the backends (by the service, the trainer, the dashboard),
+        # so closed before them.
+        for part in (self.trainer_series, self.control, self.families, self.feedback,
+                     self.signals):
+            if part is not None:
+                part.close()
         for table in self.tables.values():
             table.close()
         self.activity.close()
@@ -127,7 +140,7 @@ class Families:
     family is ``Resources.tables``; another one is found here:
 
     - **embedded** (memory tables): a retrain family's tables live in the
-      trainer's memory; :class:`~feature_store.retrain.RetrainManager`
+      trainer's memory; :class:`~trainer.retrain.RetrainManager`
       registers them (:meth:`register`) when it starts the family. They are
       snapshotted with the process under ``<data_dir>/families/<family>`` and
       reopened from there after a restart, so a promoted family still serves;
@@ -203,10 +216,9 @@ class Families:
 
 def families(resources: Resources) -> Families:
     """The process's :class:`Families`, created on first use."""
-    found: Families | None = resources.extras.get(FAMILIES_EXTRA)
-    if found is None:
-        found = resources.extras[FAMILIES_EXTRA] = Families(resources)
-    return found
+    if resources.families is None:
+        resources.families = Families(resources)
+    return resources.families
 
 
 def _family_in_redis(resources: Resources, family: str) -> bool:

@@ -1,7 +1,7 @@
 """The online trainer: event log -> labelled samples -> Wide&Deep -> ONNX versions.
 
-Imports torch; only ``vidrec train`` and the embedded ``vidrec up`` load it,
-through the ``vidrec.components:trainer`` entry point.
+Imports torch; only ``vidrec train``, the embedded ``vidrec up`` and ``vidrec
+eval`` load it, through the composition root (``app.wiring``).
 """
 
 from trainer.component import TrainerComponent

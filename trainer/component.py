@@ -1,8 +1,7 @@
 """``TrainerComponent``: the trainer as the service and the CLI see it.
 
-Registered under the ``vidrec.components:trainer`` entry point, so ``app``
-finds it without importing ``trainer`` (see
-:mod:`feature_store.component`). ``start`` runs the loop in a daemon thread
+Built by the composition root (``app.wiring``), the one module of ``app``
+that imports ``trainer``. ``start`` runs the loop in a daemon thread
 (embedded mode, inside ``vidrec up``); ``run`` runs it in the caller's
 thread (``vidrec train``, whose SIGTERM handler calls ``stop``).
 
@@ -29,12 +28,8 @@ from trainer.loop import OnlineTrainer
 
 log = logging.getLogger(__name__)
 
-SERIES_EXTRA = "trainer_series"
-"""Key of the trainer's metrics series in ``Resources.extras`` (the service reads it)."""
-
-
 class TrainerComponent:
-    """A :class:`feature_store.component.TrainerHandle` over :class:`OnlineTrainer`."""
+    """A :class:`trainer.control.TrainerHandle` over :class:`OnlineTrainer`."""
 
     def __init__(
         self,
@@ -44,10 +39,10 @@ class TrainerComponent:
         series: MetricsSeries | None = None,
     ) -> None:
         if series is None:
-            series = resources.extras.get(SERIES_EXTRA)
+            series = resources.trainer_series
         if series is None:
             series = open_timeseries(resources.settings, resources.redis_client)
-            resources.extras[SERIES_EXTRA] = series
+            resources.trainer_series = series  # the dashboard of this process reads it
         self.series = series
         self.loop = OnlineTrainer(resources, registry=registry, series=series)
         self._worker = Worker("vidrec-trainer", lambda stop: self._run_thread())

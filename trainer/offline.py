@@ -1,8 +1,8 @@
 """Harnesses for ``vidrec eval``: the online loop replayed, and Wide&Deep trained offline.
 
-Both reach the service side through entry points (``vidrec.components:replay``
-and ``:offline``, see :mod:`feature_store.component`), so ``app`` never
-imports ``trainer``.
+The composition root hands both to the evaluation (``app.wiring.eval_trainers``),
+so ``app.evaluation`` never imports ``trainer``; what they return
+(:mod:`feature_store.scored`) is in the contract both sides build on.
 
 :class:`OnlineReplay` is the real online trainer (:class:`~trainer.loop.OnlineTrainer`:
 dedupe, label joiner, features from the stores' pre-batch state, step,
@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from feature_store.activity.base import ActivityStore
-from feature_store.component import OfflineResult, ScoredSamples
 from feature_store.events import Event
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.values import FeatureValues
 from feature_store.quality import roc_auc
 from feature_store.runtime import Resources
+from feature_store.scored import OfflineResult, ScoredSamples
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.loop import OnlineTrainer
 from trainer.model import WideDeep

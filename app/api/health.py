@@ -113,9 +113,8 @@ def status(service: ServiceDep) -> dict[str, Any]:
             "training_position": model.manifest.training_position,
         }
     out["retrieval"] = {"index": index_status(model)}
-    trainer = resources.extras.get("trainer")
-    if trainer is not None:
-        out["trainer"] = _safe(trainer.status)
+    if service.trainer is not None:
+        out["trainer"] = _safe(service.trainer.status)
     return out
 
 

@@ -58,8 +58,6 @@ from feature_store.control import ControlChannel, control_channel
 from feature_store.errors import BackendUnavailable, NotFound
 from feature_store.timeseries import MetricsSeries, open_timeseries
 
-SERIES_EXTRA = "trainer_series"
-"""Where the embedded trainer keeps its metrics series in ``Resources.extras``."""
 _STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript", "charts.js":
            "text/javascript"}
 
@@ -79,8 +77,7 @@ class Dashboard:
     @property
     def series(self) -> MetricsSeries | None:
         """The embedded trainer's series (live in memory), else the one opened here."""
-        shared: MetricsSeries | None = self.service.resources.extras.get(SERIES_EXTRA)
-        return shared or self.own_series
+        return self.service.resources.trainer_series or self.own_series
 
 
 @asynccontextmanager
@@ -93,7 +90,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = resources.settings
     sampler = Sampler(app.state.metrics.registry, resources.tables, settings.dashboard)
     own_series = None
-    if SERIES_EXTRA not in resources.extras:
+    if resources.trainer_series is None:
         own_series = open_timeseries(settings, resources.redis_client)
     audit_log = open_audit_log(resources)
     channel = control_channel(resources)

@@ -19,9 +19,6 @@ from app.service import Service
 from feature_store.settings import DashboardSettings
 from feature_store.timeseries import MetricsSeries
 
-TRAINER_EXTRA = "trainer"
-"""Where ``app.server`` keeps the embedded trainer in ``Resources.extras``."""
-
 TRAINING_FIELDS = (
     "auc", "logloss", "baseline_auc", "baseline_logloss", "positive_rate", "events_per_s",
     "samples_per_s", "batch_ms_mean", "batch_ms_p95", "unique_keys", "lag", "events_total",
@@ -58,10 +55,8 @@ def _guard(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def trainer_status(service: Service, series: MetricsSeries | None) -> dict[str, Any] | None:
     """The embedded trainer's own status, else the heartbeat of a separate one."""
-    trainer = service.resources.extras.get(TRAINER_EXTRA)
-    if trainer is not None:
-        status: dict[str, Any] = trainer.status()
-        return status
+    if service.trainer is not None:
+        return service.trainer.status()
     return series.status() if series is not None else None
 
 
@@ -240,10 +235,6 @@ def user_insight(service: Service, user_id: str, count: int) -> dict[str, Any]:
     }
 
 
-RETRAIN_EXTRA = "retrain"
-"""Where ``feature_store.retrain.RetrainManager`` registers itself in ``Resources.extras``."""
-
-
 def _points(series: MetricsSeries | None, since_ms: int) -> list[dict[str, Any]]:
     if series is None:
         return []
@@ -263,7 +254,7 @@ def retrains(
     log (``started``), read through their metrics series and heartbeat in Redis.
     """
     resources = service.resources
-    manager = resources.extras.get(RETRAIN_EXTRA)
+    manager = service.retrain
     out: list[dict[str, Any]] = []
     if manager is not None:
         for family in sorted(manager.families.values(), key=lambda f: f.id):

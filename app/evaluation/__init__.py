@@ -9,9 +9,10 @@
 - :mod:`~app.evaluation.report`: the table, the markdown section and the plot;
 - :mod:`~app.evaluation.cli`: the ``vidrec eval`` arguments.
 
-The trainer is reached through the ``vidrec.components`` entry points
-(``replay``, ``offline``), so this package never imports ``trainer``. The
-re-exports are lazy so that ``vidrec --help`` does not load the service.
+The trainers come in as :class:`~app.evaluation.runner.EvalTrainers`, built
+by the composition root (``app.wiring.eval_trainers``), so this package never
+imports ``trainer``. The re-exports are lazy so that ``vidrec --help`` does
+not load the service.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.evaluation.runner import EvalConfig, EvalResult, evaluate
+    from app.evaluation.runner import EvalConfig, EvalResult, EvalTrainers, evaluate
 
-__all__ = ["EvalConfig", "EvalResult", "evaluate"]
+__all__ = ["EvalConfig", "EvalResult", "EvalTrainers", "evaluate"]
 
 
 def __getattr__(name: str) -> Any:

@@ -9,12 +9,15 @@ import shlex
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from feature_store.errors import ConfigurationError, InvalidInput
 from feature_store.settings import ApiSettings
+
+if TYPE_CHECKING:
+    from app.evaluation.runner import EvalTrainers
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +100,8 @@ def command_line(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def run_eval(args: argparse.Namespace) -> int:
+def run_eval(args: argparse.Namespace, trainers: EvalTrainers) -> int:
+    """``vidrec eval`` with the trainers the composition root built."""
     from app.evaluation.report import markdown, plot, replace_section, text_table
     from app.evaluation.runner import EvalConfig, evaluate
 
@@ -124,7 +128,7 @@ def run_eval(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         settings=ranking_weights(args.ranking_weights),
     )
-    result = evaluate(cfg)
+    result = evaluate(cfg, trainers)
     sys.stdout.write(text_table(result) + "\n")
     png = None
     if args.plot:

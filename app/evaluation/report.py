@@ -290,7 +290,7 @@ def markdown(
         "",
         f"AUC per time window ({len(result.window_ends_ms)} windows of equal row counts; "
         "the offline model scores only the last 20%; times as replayed"
-        + (f", shifted by {result.shift_days:+,.0f} days, see `feature_store/datasets.py`"
+        + (f", shifted by {result.shift_days:+,.0f} days, see `app/evaluation/datasets.py`"
            if result.shift_days else "") + "):",
         "",
         *_md(window_header(result), window_rows(result)),

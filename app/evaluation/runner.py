@@ -6,8 +6,8 @@ and stores):
 
 1. events are produced to the event log in chunks; the signal feed's step
    records them into the candidate signals and the online trainer
-   (``vidrec.components:replay``) trains on them batch by batch, each
-   batch scored *before* its step (prequential);
+   (``trainer.offline.OnlineReplay``, handed in by ``app.wiring``) trains on
+   them batch by batch, each batch scored *before* its step (prequential);
 2. at each query, before any event at or after its moment is produced, the
    newest network is exported (when ``export_every`` events were trained
    since the last export), hot-swapped into the service, and the service's
@@ -29,7 +29,7 @@ Then, on the very samples the trainer labelled (weight > 0):
   (retrieval: excluding the already-watched videos the service excluded;
   loo: ranking the same candidates); under ``loo`` item co-occurrence ranks
   them too (:class:`~app.evaluation.baselines.CoOccurrence`);
-- Wide&Deep trained offline (``vidrec.components:offline``) on the first 80%
+- Wide&Deep trained offline (``trainer.offline.train_offline``) on the first 80%
   by (ts, user, video), early-stopped on its last eighth, scores the last 20%.
 
 Every model's AUC "on the last 20%" is over exactly the same rows, per
@@ -43,10 +43,11 @@ import logging
 import math
 import tempfile
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, runtime_checkable
 
 import numpy as np
 
@@ -73,20 +74,50 @@ from app.evaluation.stream import (
 from app.schemas import RecommendRequest
 from app.service import open_service
 from app.signal_feed import POLL_RECORDS, SignalFeed, feed_group
-from feature_store.component import (
-    OFFLINE_ENTRY_POINT,
-    REPLAY_ENTRY_POINT,
-    OfflineResult,
-    ReplayHandle,
-    ScoredSamples,
-    load_component,
-)
 from feature_store.errors import ConfigurationError
 from feature_store.events import Event, EventContext, EventType
 from feature_store.runtime import Resources, open_resources
+from feature_store.scored import OfflineResult, ScoredSamples
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ReplayHandle(typing.Protocol):  # ``Protocol`` here names the eval protocols
+    """The online trainer consuming the event log in the caller's thread."""
+
+    def drain(self) -> ScoredSamples:
+        """Train on every event produced so far; the samples trained, scored before training."""
+        ...
+
+    def export(self) -> str:
+        """Export and activate the current network; returns the version."""
+        ...
+
+    def heads(self) -> dict[str, float]:
+        """The other ranking heads' prequential figures over the trainer's window, with
+        their popularity baselines (``negative_auc``, ``watch_spearman``...: see
+        ``trainer/metrics.py``)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+ReplayFactory = Callable[[Resources], ReplayHandle]
+OfflineTrainer = Callable[..., OfflineResult]
+"""``(resources, events, train_ids, valid_ids, test_ids, *, max_epochs, patience, seed)``."""
+
+
+@dataclass(frozen=True)
+class EvalTrainers:
+    """The trainers an evaluation runs, handed in by the composition root (``app.wiring``)
+    so that this package never imports ``trainer``."""
+
+    replay: ReplayFactory
+    """The online trainer, driven batch by batch beside the service (first pass)."""
+    offline: OfflineTrainer
+    """Wide&Deep trained in epochs on the first 80% (the offline reference)."""
 
 HEAD_WINDOW = 200_000
 """Samples per head over which the report's head figures are computed (the trainer's
@@ -236,8 +267,11 @@ def pick_queries(events: Sequence[Event], count: int, seed: int) -> list[Query]:
 class _Online:
     """The first pass (see the module doc): trainer, signal feed and service."""
 
-    def __init__(self, cfg: EvalConfig, stream: Stream, resources: Resources) -> None:
+    def __init__(
+        self, cfg: EvalConfig, stream: Stream, resources: Resources, replay: ReplayFactory
+    ) -> None:
         self.cfg = cfg
+        self.replay_factory = replay
         self.events = stream.events
         self.users = stream.users
         self.resources = resources
@@ -255,7 +289,7 @@ class _Online:
         with open_service(resources) as service:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
-            replay: ReplayHandle = load_component(REPLAY_ENTRY_POINT)(resources)
+            replay = self.replay_factory(resources)
             feed = SignalFeed(resources, service.signals)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
@@ -320,11 +354,10 @@ class _Online:
 
 
 def _offline(
-    cfg: EvalConfig, stream: Stream, split: Split, root: Path
+    cfg: EvalConfig, stream: Stream, split: Split, root: Path, train: OfflineTrainer
 ) -> OfflineResult:
     """Wide&Deep in epochs, on fresh in-process tables and stores (a batch job's setup)."""
     settings = eval_settings(cfg, root / "offline", stream.kind, "memory", bool(stream.users))
-    train: Callable[..., OfflineResult] = load_component(OFFLINE_ENTRY_POINT)
     with open_resources(settings) as resources:
         if stream.videos:
             resources.catalog.upsert(stream.videos)
@@ -371,8 +404,9 @@ def plan(cfg: EvalConfig, stream: Stream, settings: Settings) -> list[Query]:
     return pick_queries(events, cfg.queries if cfg.queries is not None else 500, cfg.seed)
 
 
-def evaluate(cfg: EvalConfig) -> EvalResult:
-    """Run the whole evaluation (see the module doc); nothing is written but temp files."""
+def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
+    """Run the whole evaluation (see the module doc) with ``trainers``; nothing is written
+    but temp files."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vidrec-eval-") as tmp:
         root = Path(tmp)
@@ -396,7 +430,7 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
                 _check_scratch(resources)
             if stream.videos:
                 resources.catalog.upsert(stream.videos)
-            online = _Online(cfg, stream, resources)
+            online = _Online(cfg, stream, resources, trainers.replay)
             t0 = time.perf_counter()
             samples = online.run(queries)
             online_seconds = time.perf_counter() - t0
@@ -405,7 +439,7 @@ def evaluate(cfg: EvalConfig) -> EvalResult:
         weighted = samples.take(np.flatnonzero(samples.weights > 0).tolist())
         split = split_samples(weighted)
         t0 = time.perf_counter()
-        offline = _offline(cfg, stream, split, root)
+        offline = _offline(cfg, stream, split, root, trainers.offline)
         offline_seconds = time.perf_counter() - t0
     timing = Timing(started, online_seconds, offline_seconds)
     return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks, timing,

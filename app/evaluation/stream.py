@@ -4,7 +4,7 @@ Formats (the path is always an argument; vidrec never copies data):
 
 - ``movielens``: a directory with ``u.data``/``u.item`` (ml-100k) or
   ``ratings.csv``/``movies.csv`` (newer releases), mapped to events by
-  :mod:`feature_store.datasets` (genres, release decade); where ``u.user``
+  :mod:`app.evaluation.datasets` (genres, release decade); where ``u.user``
   is present, each event's context carries its user's age group, gender and
   occupation (read as features with ``features.user_attributes``). Read as a
   positive-only log (``implicit``), every rating is one ``finish``;
@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from app.evaluation.datasets import Rating, rating_events, read_movielens
 from feature_store.catalog.base import Video
-from feature_store.component import ScoredSamples
-from feature_store.datasets import Rating, rating_events, read_movielens
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.event_files import Rejected, read_events, read_videos
 from feature_store.events import Event, EventContext
+from feature_store.scored import ScoredSamples
 from feature_store.settings import EventLimits
 
 Format = Literal["auto", "movielens", "csv", "parquet"]
@@ -159,7 +159,7 @@ def age_group(age: int) -> str:
 def read_ml100k_users(directory: Path) -> dict[str, EventContext]:
     """``u.user`` (``id|age|gender|occupation|zip``) as profile context per user id.
 
-    The user ids match :mod:`feature_store.datasets` (``ml<id>``). Zip codes
+    The user ids match :mod:`app.evaluation.datasets` (``ml<id>``). Zip codes
     are not used (no column reads them).
     """
     users = {}
@@ -189,7 +189,7 @@ def stars_watched(positive_watch_ratio: float) -> float | None:
 def rating_label_settings() -> dict[str, Any]:
     """Trainer settings under which each MovieLens rating is one sample labelled ``>= 4``.
 
-    :mod:`feature_store.datasets` turns a rating into an impression then a
+    :mod:`app.evaluation.datasets` turns a rating into an impression then a
     ``play`` (watch ratio 1.0 / 0.9 / 0.3 / 0.05 for 5 / 4 / 3 / 2 stars) or
     a ``skip`` (1 star), followed by ``finish``/``like``/``dislike``. With
     both watch-ratio thresholds at 0.5 the play (or skip) is labelled exactly

@@ -14,10 +14,6 @@ from feature_store.signals.redis import RedisSignals
 if TYPE_CHECKING:
     from feature_store.runtime import Resources
 
-SIGNALS_EXTRA = "signals"
-"""Key of the signals in :attr:`Resources.extras` (one instance per process)."""
-
-
 def signal_params(settings: Settings) -> SignalParams:
     api = settings.api
     return SignalParams(
@@ -39,24 +35,23 @@ def open_signals(
 
 
 def attach_signals(resources: Resources) -> CandidateSignals:
-    """The process's signals, opened once and registered in ``resources.extras``.
+    """The process's signals, opened once and kept in ``resources.signals``.
 
     The memory backend restores ``data_dir/signals`` now and snapshots there
-    when ``Resources.close`` closes its extras, so a restart keeps trending and
+    when ``Resources.close`` closes them, so a restart keeps trending and
     co-visitation (after a kill -9, the signal feed replays the events since
     its last snapshot: ``app.signal_feed``). Its per-creator uploads are then
     indexed again from the catalog, which journals every write, so a video
     added or hidden after that snapshot counts as such. Idempotent: a second
     call returns the same object.
     """
-    existing = resources.extras.get(SIGNALS_EXTRA)
-    if existing is not None:
-        return existing  # type: ignore[no-any-return]
+    if resources.signals is not None:
+        return resources.signals
     signals = open_signals(resources.settings, resources.redis_client)
     if isinstance(signals, MemorySignals):
         directory = resources.data_dir / "signals"
         signals.restore(directory)
         signals.index_videos(list(resources.catalog.iter_all()))
         signals.snapshot_dir = directory
-    resources.extras[SIGNALS_EXTRA] = signals
+    resources.signals = signals
     return signals

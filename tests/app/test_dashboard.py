@@ -21,7 +21,7 @@ with warnings.catch_warnings():
 from app.dashboard.audit import FileAuditLog, RedisAuditLog, recent
 from app.dashboard.sampling import quantile
 from app.main import create_app
-from app.server import embedded_extensions
+from app.wiring import embedded_extensions
 from feature_store.settings import Settings
 from tests.app.conftest import make_settings, publish_model, service_of, wait_for
 
@@ -212,9 +212,9 @@ def test_retrain_trains_a_new_family_beside_the_live_one(live: TestClient) -> No
     assert promoted["status"] == "done", promoted
     assert service.resources.registry.active() == version
     assert service.model.manifest.family == family
-    manager = service.resources.extras["retrain"]
+    manager = service.retrain
     tables = manager.families[family].resources.tables
-    assert service.resources.extras["families"].tables(family) is tables
+    assert service.resources.families.tables(family) is tables
     body = {"user_id": "someone", "candidates": ["v1", "v2"]}
     assert live.post("/v1/recommend", json=body).json()["model_version"] == version
 

@@ -15,10 +15,10 @@ from feature_store.control import (
     Ack,
     Command,
     ControlChannel,
-    ControlListener,
     MemoryChannel,
     RedisChannel,
 )
+from trainer.control import ControlListener
 
 
 class FakeTrainer:
@@ -152,9 +152,9 @@ def test_redis_channel_crosses_clients(redis_url: str) -> None:
 
 def test_replay_log_consumers_start_at_the_chosen_time() -> None:
     from feature_store.eventlog import open_event_log
-    from feature_store.retrain import ReplayLog
     from feature_store.settings import Settings
     from tests.factories import make_event
+    from trainer.retrain import ReplayLog
 
     log = open_event_log(Settings())
     try:

@@ -1,8 +1,8 @@
 """End to end over HTTP with real Redis and the Kafka-protocol broker.
 
 The service runs under uvicorn with the Redis sparse tables and stores, the
-Kafka event log (Tansu) and the real trainer started through its entry point
-(as ``vidrec up`` does). A catalog and events go in over HTTP; the trainer
+Kafka event log (Tansu) and the real trainer started by the composition root's
+``embedded_trainer`` (as ``vidrec up`` does). A catalog and events go in over HTTP; the trainer
 consumes them, exports a new version, the service hot-swaps it, and the
 user's recommendations move toward what they just engaged with.
 """
@@ -24,7 +24,7 @@ with warnings.catch_warnings():
     import feature_store.eventlog.kafka  # noqa: F401
 
 from app.main import create_app
-from app.server import TRAINER_EXTRA, embedded_trainer
+from app.wiring import embedded_trainer
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
 from tests.services import TansuBroker
 
@@ -116,7 +116,7 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         now = int(time.time() * 1000)
         put = http.put("/v1/videos", json={"videos": catalog(now)}, headers=KEY)
         assert put.status_code == 200 and put.json()["accepted"] == 2 * PER_CATEGORY + 3
-        trainer = app.state.service.resources.extras[TRAINER_EXTRA]
+        trainer = app.state.service.trainer
         first = trainer.export_now(activate=True)
         wait_for(lambda: http.get("/readyz").json()["degraded"] is False, timeout_s=60)
         every = [f"{cat}{i}" for cat in CATEGORIES for i in range(PER_CATEGORY)]

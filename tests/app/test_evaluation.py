@@ -21,9 +21,10 @@ from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
 from app.evaluation.results import POOL_ROW
 from app.evaluation.stream import load_stream, split_samples
-from feature_store.component import ScoredSamples
+from app.wiring import eval_trainers
 from feature_store.errors import ConfigurationError, InvalidInput
 from feature_store.quality import roc_auc as auc
+from feature_store.scored import ScoredSamples
 from feature_store.settings import EventLimits
 from tests.factories import write_movielens
 
@@ -53,7 +54,7 @@ def movielens(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, floa
 
 @pytest.fixture(scope="module")
 def result(movielens: tuple[Path, int, float]):  # type: ignore[no-untyped-def]
-    return evaluate(_config(movielens[0]))
+    return evaluate(_config(movielens[0]), eval_trainers())
 
 
 def test_every_rating_is_one_row_labelled_rating_at_least_4(result, movielens) -> None:  # type: ignore[no-untyped-def]
@@ -170,7 +171,7 @@ def test_events_csv_runs_with_the_default_label_policy(tmp_path: Path) -> None:
     writer.writeheader()
     writer.writerows(rows)
     path.write_text(buf.getvalue())
-    got = evaluate(_config(path, queries=5, offline_epochs=1))
+    got = evaluate(_config(path, queries=5, offline_epochs=1), eval_trainers())
     assert got.samples == 1500
     assert got.test_rows == 300
 
@@ -239,8 +240,10 @@ def test_redis_backends_replay_the_same_rows(movielens, redis_url: str) -> None:
     import redis
 
     small = {"limit": 2500, "queries": 5, "offline_epochs": 1}
-    on_redis = evaluate(_config(movielens[0], backend="redis", redis_url=redis_url, **small))
-    in_memory = evaluate(_config(movielens[0], **small))
+    on_redis = evaluate(
+        _config(movielens[0], backend="redis", redis_url=redis_url, **small), eval_trainers()
+    )
+    in_memory = evaluate(_config(movielens[0], **small), eval_trainers())
     assert (on_redis.samples, on_redis.test_rows) == (in_memory.samples, in_memory.test_rows)
     assert on_redis.models[1].auc_test == in_memory.models[1].auc_test  # same rows, same labels
     assert on_redis.models[0].auc_test == pytest.approx(in_memory.models[0].auc_test, abs=0.05)
@@ -249,7 +252,10 @@ def test_redis_backends_replay_the_same_rows(movielens, redis_url: str) -> None:
         assert client.dbsize() == 0  # the scratch database is left empty
         client.set("someone-elses-key", "1")
         with pytest.raises(ConfigurationError, match="scratch"):
-            evaluate(_config(movielens[0], backend="redis", redis_url=redis_url, **small))
+            evaluate(
+                _config(movielens[0], backend="redis", redis_url=redis_url, **small),
+                eval_trainers(),
+            )
         assert client.get("someone-elses-key") == b"1"
     finally:
         client.close()

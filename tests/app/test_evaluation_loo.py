@@ -26,6 +26,7 @@ from app.evaluation.feed import (
 from app.evaluation.metrics import moments, rank_in
 from app.evaluation.report import random_ranking, text_table
 from app.evaluation.results import EvalResult
+from app.wiring import eval_trainers
 from feature_store.errors import InvalidInput
 from feature_store.events import Event, EventContext, EventType
 
@@ -105,7 +106,7 @@ def positive_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def loo(positive_log: tuple[Path, Path]) -> EvalResult:
     events, catalog = positive_log
-    return evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1))
+    return evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1), eval_trainers())
 
 
 # --- leave-one-out with one added negative per view, end to end ------------------
@@ -223,7 +224,7 @@ def test_loo_refuses_a_log_that_is_not_positive_only(
     rows[3]["type"] = "impression"
     path = _write_csv(tmp_path / "mixed.csv", rows)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="positive-only") as exc:
-        evaluate(_config(path, protocol="loo"))
+        evaluate(_config(path, protocol="loo"), eval_trainers())
     assert exc.value.field == "type" and rows[3]["event_id"] in str(exc.value)
 
 
@@ -260,7 +261,7 @@ def test_moments_group_a_views_samples_and_score_it_once() -> None:
 
 def test_per_moment_auc_counts_a_finish_and_its_like_once(tmp_path: Path) -> None:
     events, catalog = write_positive_log(tmp_path, users=24, videos=80, views=10, likes=True)
-    got = evaluate(_config(events, catalog=catalog, negatives=1, queries=5))
+    got = evaluate(_config(events, catalog=catalog, negatives=1, queries=5), eval_trainers())
     online = got.models[0]
     assert got.test_moments < got.test_rows  # likes add samples, not moments
     assert np.isfinite(online.auc_test_moments) and np.isfinite(online.auc_test)
@@ -273,7 +274,7 @@ def test_per_moment_auc_counts_a_finish_and_its_like_once(tmp_path: Path) -> Non
 def test_without_a_catalog_retrieval_figures_are_not_computed(
     positive_log: tuple[Path, Path],
 ) -> None:
-    got = evaluate(_config(positive_log[0], negatives=1))
+    got = evaluate(_config(positive_log[0], negatives=1), eval_trainers())
     assert not got.catalog and got.queries == 0
     assert all(np.isnan(m.recall) for m in got.models)
     table = text_table(got)
@@ -283,7 +284,7 @@ def test_without_a_catalog_retrieval_figures_are_not_computed(
 
 def test_with_a_catalog_the_service_is_asked(positive_log: tuple[Path, Path]) -> None:
     events, catalog = positive_log
-    got = evaluate(_config(events, catalog=catalog, negatives=1, queries=10))
+    got = evaluate(_config(events, catalog=catalog, negatives=1, queries=10), eval_trainers())
     assert got.catalog and got.queries == 10
     assert np.isfinite(got.models[0].recall)
 
@@ -291,14 +292,16 @@ def test_with_a_catalog_the_service_is_asked(positive_log: tuple[Path, Path]) ->
 def test_loo_without_a_catalog_ranks_videos_known_by_id(
     positive_log: tuple[Path, Path],
 ) -> None:
-    got = evaluate(_config(positive_log[0], protocol="loo", negatives=1, queries=6))
+    got = evaluate(
+        _config(positive_log[0], protocol="loo", negatives=1, queries=6), eval_trainers()
+    )
     assert not got.catalog
     assert got.queries == 6 and got.service_candidate_recall == 1.0  # every id scored
 
 
 def test_a_log_from_1996_is_shifted_not_dropped(tmp_path: Path) -> None:
     events, catalog = write_positive_log(tmp_path, users=16, videos=60, views=8, t0=OLD_T0)
-    got = evaluate(_config(events, catalog=catalog, negatives=1, queries=4))
+    got = evaluate(_config(events, catalog=catalog, negatives=1, queries=4), eval_trainers())
     assert got.samples == 2 * 16 * 8 - 1  # the last negative never times out
     assert got.shift_days > 365 * 3
     assert np.isfinite(got.models[0].auc_test)
@@ -312,7 +315,7 @@ def test_bad_rows_are_reported_and_the_good_ones_kept(tmp_path: Path) -> None:
     rows[5]["ts"] = "yesterday"
     rows[7]["user_id"] = "has space"
     path = _write_csv(tmp_path / "bad.csv", rows)  # type: ignore[arg-type]
-    got = evaluate(_config(path, negatives=1))
+    got = evaluate(_config(path, negatives=1), eval_trainers())
     assert got.rejected_rows == 3
     assert got.samples == 2 * (8 * 6 - 3) - 1
     assert any("bad.csv:4: type:" in e for e in got.rejected_examples)  # line 4: header + 3
@@ -326,13 +329,13 @@ def test_unknown_columns_are_refused(tmp_path: Path) -> None:
          "timestamp": T0},
     ])
     with pytest.raises(InvalidInput, match="missing column.*ts"):
-        evaluate(_config(path))
+        evaluate(_config(path), eval_trainers())
     path = _write_csv(tmp_path / "extra.csv", [
         {"event_id": "e1", "user_id": "u", "video_id": "v", "type": "finish", "ts": T0,
          "score": 1},
     ])
     with pytest.raises(InvalidInput, match="unknown column.*score"):
-        evaluate(_config(path))
+        evaluate(_config(path), eval_trainers())
 
 
 def test_catalog_as_json_lines(positive_log: tuple[Path, Path], tmp_path: Path) -> None:

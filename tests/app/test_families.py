@@ -1,7 +1,7 @@
 """Serving a model family other than the live one (a promoted retrain), on both backends.
 
 A retrain's tables are stood in for here: registered in-process tables on the
-embedded backend (what :class:`~feature_store.retrain.RetrainManager` does),
+embedded backend (what :class:`~trainer.retrain.RetrainManager` does),
 tables under the family's ``model_name`` written by another ``Resources`` on
 Redis (what a trainer process does). The real retrain flow is driven through
 the dashboard in ``test_dashboard.py``.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.main import create_app
-from app.server import TRAINER_EXTRA, embedded_trainer
+from app.wiring import embedded_trainer
 from feature_store.errors import EventLogUnavailable
 from tests.app.conftest import KEY, make_settings, wait_for
 
@@ -44,7 +44,7 @@ def test_impressions_with_a_recommendation_id_train_on_what_was_served(tmp_path:
         now = int(time.time() * 1000)
         client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
         service = app.state.service
-        trainer = service.resources.extras[TRAINER_EXTRA]
+        trainer = service.trainer
         trainer.export_now(activate=True)
         wait_for(lambda: service.holder.current is not None, timeout_s=30)
         ask = {"user_id": "ann", "candidates": [f"s{i}" for i in range(30)], "count": 10}
@@ -78,7 +78,7 @@ def test_recommend_answers_when_the_served_log_is_down(tmp_path: Path) -> None:
         now = int(time.time() * 1000)
         client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
         service = app.state.service
-        service.resources.extras[TRAINER_EXTRA].export_now(activate=True)
+        service.trainer.export_now(activate=True)
         wait_for(lambda: service.holder.current is not None, timeout_s=30)
 
         def down(records: object) -> None:
@@ -99,7 +99,7 @@ def test_a_full_queue_drops_records_instead_of_waiting(tmp_path: Path) -> None:
         now = int(time.time() * 1000)
         client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
         service = app.state.service
-        service.resources.extras[TRAINER_EXTRA].export_now(activate=True)
+        service.trainer.export_now(activate=True)
         wait_for(lambda: service.holder.current is not None, timeout_s=30)
         stuck = threading.Event()
         release = threading.Event()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from app.main import create_app
-from app.server import embedded_trainer
+from app.wiring import embedded_trainer
 from feature_store import tracing
 from feature_store.settings import Settings
 from tests.app.conftest import KEY, TestClient, make_settings, publish_model, service_of, wait_for

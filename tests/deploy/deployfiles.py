@@ -201,10 +201,10 @@ def trainer_shutdown_budget_s() -> float:
     The trainer's own setting when ``feature_store.settings`` has one (a
     ``trainer`` section field about shutdown, grace, drain or stop, in
     seconds); until then the default ``timeout_s`` of the trainer contract's
-    ``TrainerHandle.stop``, which is what ``vidrec train`` waits for.
+    ``TrainerHandle.stop`` (``trainer/control.py``), which is what ``vidrec train`` waits for.
     """
-    from feature_store.component import TrainerHandle
     from feature_store.settings import Settings
+    from trainer.control import TrainerHandle
 
     section = Settings.model_fields.get("trainer")
     model = getattr(section, "annotation", None) if section is not None else None

@@ -7,13 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.component import (
-    OFFLINE_ENTRY_POINT,
-    REPLAY_ENTRY_POINT,
-    ReplayHandle,
-    load_component,
-)
-from feature_store.datasets import movielens_events
+from app.evaluation.datasets import movielens_events
+from app.evaluation.runner import ReplayHandle
+from app.wiring import eval_trainers
 from feature_store.quality import roc_auc
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
@@ -48,9 +44,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untype
     return events, videos, ratings
 
 
-def test_entry_points_find_the_harnesses() -> None:
-    assert load_component(REPLAY_ENTRY_POINT) is OnlineReplay
-    assert load_component(OFFLINE_ENTRY_POINT) is train_offline
+def test_the_composition_root_hands_eval_these_trainers() -> None:
+    trainers = eval_trainers()
+    assert trainers.replay is OnlineReplay and trainers.offline is train_offline
 
 
 def test_replay_scores_every_rating_before_training_on_it(dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

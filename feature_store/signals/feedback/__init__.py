@@ -9,7 +9,6 @@ from feature_store.signals.feedback.base import (
     UserFeedback,
 )
 from feature_store.signals.feedback.factory import (
-    FEEDBACK_EXTRA,
     attach_feedback,
     feedback_params,
     open_feedback,
@@ -20,7 +19,6 @@ from feature_store.signals.feedback.redis import RedisFeedback
 __all__ = [
     "EMPTY_VIEW",
     "ENGAGEMENTS",
-    "FEEDBACK_EXTRA",
     "FeedbackParams",
     "FeedbackView",
     "MemoryFeedback",

@@ -14,10 +14,6 @@ from feature_store.signals.feedback.redis import RedisFeedback
 if TYPE_CHECKING:
     from feature_store.runtime import Resources
 
-FEEDBACK_EXTRA = "feedback"
-"""Key of the feedback in :attr:`Resources.extras` (one instance per process)."""
-
-
 def feedback_params(settings: Settings) -> FeedbackParams:
     r = settings.rerank
     return FeedbackParams(
@@ -39,19 +35,18 @@ def open_feedback(
 
 
 def attach_feedback(resources: Resources) -> UserFeedback:
-    """The process's feedback, opened once and registered in ``resources.extras``.
+    """The process's feedback, opened once and kept in ``resources.feedback``.
 
     The memory backend restores ``data_dir/feedback`` now and snapshots there
-    when ``Resources.close`` closes its extras (and whenever the signal feed
+    when ``Resources.close`` closes it (and whenever the signal feed
     snapshots the signals). Idempotent: a second call returns the same object.
     """
-    existing = resources.extras.get(FEEDBACK_EXTRA)
-    if existing is not None:
-        return existing  # type: ignore[no-any-return]
+    if resources.feedback is not None:
+        return resources.feedback
     feedback = open_feedback(resources.settings, resources.redis_client)
     if isinstance(feedback, MemoryFeedback):
         directory = resources.data_dir / "feedback"
         feedback.restore(directory)
         feedback.snapshot_dir = directory
-    resources.extras[FEEDBACK_EXTRA] = feedback
+    resources.feedback = feedback
     return feedback

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from app.main import create_app
-from app.server import embedded_extensions
+from app.wiring import embedded_extensions
 from tests.app.conftest import serve_in_thread
 from tests.app.test_dashboard import dashboard_settings
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from app.main import create_app
-from app.server import embedded_extensions
+from app.wiring import embedded_extensions
 from tests.app.browser.conftest import CHROMIUM_ARGS, chromium_path
 from tests.app.conftest import serve_in_thread, wait_for
 from tests.app.test_dashboard import dashboard_settings

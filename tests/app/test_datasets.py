@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.datasets import Rating, movielens_events, rating_events, time_shift
+from app.evaluation.datasets import Rating, movielens_events, rating_events, time_shift
 from feature_store.events import EventType
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
@@ -135,7 +135,7 @@ def test_vidrec_replay_shifts_an_old_events_csv_and_reports_bad_rows(
 ) -> None:
     """A CSV from 1996 is replayed shifted past ``limits.min_ts_ms``, not dead-lettered;
     a bad row is skipped with a message naming its line and field, the others kept."""
-    from feature_store.datasets import replay_dataset
+    from app.evaluation.datasets import replay_dataset
 
     old = 830_000_000_000  # 1996-04-20
     lines = ["event_id,user_id,video_id,type,ts,watch_ms,duration_ms"]

@@ -41,14 +41,15 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from feature_store.activity.memory import MemoryActivity
-from feature_store.component import TrainerFactory, TrainerHandle
 from feature_store.control import Command
 from feature_store.errors import Conflict, InvalidInput, NotFound
 from feature_store.runtime import Resources, families, table_specs
 from feature_store.sparse import open_table
+from trainer.control import TrainerHandle
 
 if TYPE_CHECKING:
     from feature_store.eventlog.base import EventConsumer, EventLog
@@ -56,9 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RETRAIN_EXTRA = "retrain"
-"""Key of the process's :class:`RetrainManager` in ``Resources.extras``."""
-_SERIES_EXTRA = "trainer_series"
+TrainerFactory = Callable[[Resources], TrainerHandle]
+"""Builds a family's trainer on its resources (the root passes ``TrainerComponent``)."""
 
 
 class ReplayLog:
@@ -97,7 +97,7 @@ class Family:
 
     @property
     def series(self) -> MetricsSeries | None:
-        series: MetricsSeries | None = self.resources.extras.get(_SERIES_EXTRA)
+        series: MetricsSeries | None = self.resources.trainer_series
         return series
 
     def describe(self) -> dict[str, Any]:
@@ -126,7 +126,6 @@ class RetrainManager:
         """Families training at once; each costs a trainer's CPU and memory."""
         self.families: dict[str, Family] = {}
         self._lock = threading.Lock()
-        resources.extras[RETRAIN_EXTRA] = self
 
     # --- control.Retrainer ------------------------------------------------
 
@@ -161,7 +160,6 @@ class RetrainManager:
     def close(self) -> None:
         for family in list(self.families.values()):
             self.stop(family.id)
-        self.live.extras.pop(RETRAIN_EXTRA, None)
 
     # --- families -----------------------------------------------------------
 
@@ -229,5 +227,6 @@ class RetrainManager:
             event_log=ReplayLog(live.event_log, from_ts_ms),  # type: ignore[arg-type]
             activity=MemoryActivity(settings.features),
             tables=tables,
-            extras={},
+            # the family's own parts: its trainer opens its series, nothing is shared
+            signals=None, feedback=None, control=None, families=None, trainer_series=None,
         )
