@@ -258,10 +258,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("catalog size (videos)")
     ax.set_ylabel("recommend, ms (in process)")
+    ax.set_ylim(bottom=0)
     ax2 = ax.twinx()
     ax2.plot([s["videos"] for s in serving], [s["memory_after"]["rss_mib"] for s in serving],
              "k--", marker="s", label="API memory (MiB)")
     ax2.set_ylabel("resident memory, MiB")
+    ax2.set_ylim(bottom=0)
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title("serving against catalog size")
     ax = axes[1]
@@ -270,9 +272,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("sparse-table rows")
     ax.set_ylabel("training events/s (memory tables)")
+    ax.set_ylim(bottom=0)
     ax2 = ax.twinx()
     ax2.plot([t["rows"] for t in training], [t["rss_mib"] for t in training], "k--", marker="s")
     ax2.set_ylabel("resident memory, MiB")
+    ax2.set_ylim(bottom=0)
     ax.set_title("training against table rows")
     ax = axes[2]
     retrieval = [r for r in results["retrieval"] if r]
