@@ -50,10 +50,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_serving import N_USERS as USERS  # noqa: E402  (the same synthetic users)
 from bench.machine import cpu_model  # noqa: E402
 
-USERS = 2_000
-EVENTS = 50_000
 DISTINCT_REQUESTS = 40
 CALLS = 200
 """Timed ``recommend`` calls per point (after ``DISTINCT_REQUESTS`` warm-up calls)."""
@@ -107,60 +106,14 @@ def _requests(videos: int, candidates: int, seed: int) -> list[dict[str, Any]]:
 
 
 def prepare_serving(data_dir: Path, videos: int, candidate_counts: list[int]) -> dict[str, Any]:
-    """Fill ``data_dir`` for a catalog of ``videos`` (run in its own process)."""
-    from app.schemas import RecommendRequest
-    from app.scoring.features import RequestFeatureExtractor
-    from feature_store.features.schema import WIDE_TABLE
-    from feature_store.runtime import open_resources
-    from feature_store.signals import attach_signals
-    from feature_store.synthetic import SyntheticWorld, WorldConfig
-    from trainer.export import publish
-    from trainer.model import WideDeep
+    """Fill ``data_dir`` for a catalog of ``videos`` (run in its own process): the
+    serving benchmark's preparation (``bench_serving.prepare``: catalog, events,
+    admitted rows, a model with the retrieval towers) over every point's requests."""
+    from bench.bench_serving import prepare
 
-    settings = _serving_settings(data_dir)
     t0 = time.perf_counter()
-    world = SyntheticWorld(
-        WorldConfig(
-            users=USERS, videos=videos, seed=1, start_ts=int(time.time() * 1000) - 86_400_000
-        )
-    )
-    with open_resources(settings) as res:
-        catalog = world.videos()
-        for start in range(0, len(catalog), 50_000):
-            res.catalog.upsert(catalog[start : start + 50_000])
-        signals = attach_signals(res)
-        signals.index_videos(catalog)
-        events = world.events(EVENTS)
-        durations = {v.video_id: v.duration_ms for v in catalog}
-        for start in range(0, len(events), 5000):
-            chunk = events[start : start + 5000]
-            res.activity.record(chunk, durations)
-            signals.record(chunk)
-        extractor = RequestFeatureExtractor(res.schema)
-        by_id = {v.video_id: v for v in catalog}
-        now = int(time.time() * 1000)
-        for count in candidate_counts:
-            for body in _requests(videos, count, seed=count):
-                req = RecommendRequest.model_validate(body)
-                cand = [by_id[c] for c in req.candidates or []]
-                history = res.activity.history(req.user_id)
-                stats = res.activity.video_stats([v.video_id for v in cand])
-                batch = extractor.extract_request(
-                    req.user_id, now, req.context, history, cand, stats
-                )
-                for table, keys in batch.table_keys.items():
-                    res.tables[table].pull(np.unique(keys), train=True)
-                res.tables[WIDE_TABLE].pull(np.unique(batch.wide_keys), train=True)
-        publish(
-            res.registry,
-            WideDeep(res.schema),
-            res.schema,
-            family=settings.sparse.model_name,
-            training_position={},
-            metrics={},
-            activate=True,
-            keep=2,
-        )
+    requests = [body for count in candidate_counts for body in _requests(videos, count, count)]
+    prepare(_serving_settings(data_dir), requests, videos=videos)
     return {"prepare_s": time.perf_counter() - t0}
 
 

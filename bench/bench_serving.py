@@ -91,8 +91,9 @@ def make_requests(count: int, candidates: int, seed: int = 0) -> list[dict[str, 
     return out
 
 
-def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
-    """Fill the data directory (or Redis); returns the model version."""
+def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_VIDEOS) -> str:
+    """Fill the data directory (or Redis) for a catalog of ``videos``; returns the model
+    version."""
     from app.schemas import RecommendRequest
     from app.scoring.features import RequestFeatureExtractor
     from feature_store.features.schema import WIDE_TABLE
@@ -104,22 +105,23 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
 
     world = SyntheticWorld(
         WorldConfig(
-            users=N_USERS, videos=N_VIDEOS, seed=1, start_ts=int(time.time() * 1000) - 86_400_000
+            users=N_USERS, videos=videos, seed=1, start_ts=int(time.time() * 1000) - 86_400_000
         )
     )
     with open_resources(settings) as res:
-        videos = world.videos()
-        res.catalog.upsert(videos)
+        catalog = world.videos()
+        for start in range(0, len(catalog), 50_000):
+            res.catalog.upsert(catalog[start : start + 50_000])
         signals = attach_signals(res)
-        signals.index_videos(videos)
+        signals.index_videos(catalog)
         events = world.events(N_EVENTS)
-        durations = {v.video_id: v.duration_ms for v in videos}
+        durations = {v.video_id: v.duration_ms for v in catalog}
         for start in range(0, len(events), 5000):
             chunk = events[start : start + 5000]
             res.activity.record(chunk, durations)
             signals.record(chunk)
         extractor = RequestFeatureExtractor(res.schema)
-        by_id = {v.video_id: v for v in videos}
+        by_id = {v.video_id: v for v in catalog}
         now = int(time.time() * 1000)
         for body in requests:
             req = RecommendRequest.model_validate(body)
@@ -131,7 +133,7 @@ def prepare(settings: Settings, requests: list[dict[str, Any]]) -> str:
             for table, keys in batch.table_keys.items():
                 res.tables[table].pull(np.unique(keys), train=True)
             res.tables[WIDE_TABLE].pull(np.unique(batch.wide_keys), train=True)
-        extra, artifacts = retrieval_artifacts(res, videos, requests, now)
+        extra, artifacts = retrieval_artifacts(res, catalog, requests, now)
         version = publish(
             res.registry,
             WideDeep(res.schema),
