@@ -45,6 +45,7 @@ from app.metrics import Metrics
 from app.rerank import Reranker
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
+from app.scoring.ranking import fuse, ranking_bonus
 from app.scoring.scorer import Scorer
 from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore
@@ -59,37 +60,6 @@ log = logging.getLogger(__name__)
 PoolObserver = Callable[[str, Sequence[str], Sequence[str]], None]
 """Receives ``(user_id, candidate ids, their sources)`` in the pool's source order, after
 filtering, before scoring (the evaluation measures the pool against the ranking)."""
-
-
-def ranking_bonus(
-    size: int,
-    affinity: np.ndarray | None,
-    covisits: np.ndarray | None,
-    retrieval_weight: float,
-    covisit_weight: float,
-) -> np.ndarray:
-    """What the ranking adds to ``log p``: ``retrieval_weight * (affinity - max
-    affinity) + covisit_weight * log1p(covisit count)``, per candidate.
-
-    ``affinity`` is the cosine of user and video vectors (None: no towers);
-    ``covisits`` how often each candidate was co-watched with the user's recent
-    watches (None: none known). Subtracting the best affinity keeps the term at
-    most 0, so it only reorders within the request.
-    """
-    bonus = np.zeros(size)
-    if affinity is not None and len(affinity) and retrieval_weight:
-        bonus += retrieval_weight * (affinity - affinity.max())
-    if covisits is not None and covisit_weight:
-        bonus += covisit_weight * np.log1p(covisits)
-    return bonus
-
-
-def fuse(scores: np.ndarray, bonus: np.ndarray | None = None) -> np.ndarray:
-    """The ranking score: ``log p + bonus`` (:func:`ranking_bonus`); ``scores`` is
-    the model's probability of a positive outcome (whatever the scorer fuses
-    into one, and the rerank adjusts)."""
-    fused = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0))
-    return fused if bonus is None else fused + bonus
 
 
 BACKEND_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailable, *REDIS_FAILURES)

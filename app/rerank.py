@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.cold_start import ColdStart, NewVideos
+from app.scoring.ranking import fuse
 from app.scoring.video_table import VideoTable
 from feature_store.activity.base import HistoryEntry
 from feature_store.features.extract import Indices
@@ -181,7 +182,7 @@ class Reranker:
         """Reranked scores, and the response's rows in ``video_ids`` best first (None: the
         plain top ``count`` by the ranking of the scores returned, nothing was excluded or
         capped). ``bonus``: what the ranking adds to the log of a score
-        (:func:`app.recommender.ranking_bonus`); merit is ``log score + bonus``."""
+        (:func:`app.scoring.ranking.ranking_bonus`); merit is ``log score + bonus``."""
         s = self.settings
         view = self.feedback.read(user_id, now_ms)
         served = s.exclude_served if exclude_served is None else exclude_served
@@ -209,7 +210,7 @@ class Reranker:
         explored = self._explore(new, drop, slots, factor)
         keep = ~drop
         keep[explored] = False
-        rank = out if bonus is None else np.log(np.clip(out, 1e-9, 1.0)) + bonus
+        rank = out if bonus is None else fuse(out, bonus)
         merit = np.flatnonzero(keep)
         merit = merit[np.argsort(-rank[merit], kind="stable")]
         ranked = np.concatenate([explored, merit]).tolist()

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.candidates.ann import VideoIndex
-from app.recommender import fuse, ranking_bonus
+from app.scoring.ranking import fuse, ranking_bonus
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext

@@ -1,0 +1,40 @@
+"""The ranking order of a request's candidates: ``log p`` plus what retrieval adds.
+
+One definition for the recommender (its top-K) and the rerank (its merit
+order after exclusions and exploration), so the two never order differently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def ranking_bonus(
+    size: int,
+    affinity: np.ndarray | None,
+    covisits: np.ndarray | None,
+    retrieval_weight: float,
+    covisit_weight: float,
+) -> np.ndarray:
+    """What the ranking adds to ``log p``: ``retrieval_weight * (affinity - max
+    affinity) + covisit_weight * log1p(covisit count)``, per candidate.
+
+    ``affinity`` is the cosine of user and video vectors (None: no towers);
+    ``covisits`` how often each candidate was co-watched with the user's recent
+    watches (None: none known). Subtracting the best affinity keeps the term at
+    most 0, so it only reorders within the request.
+    """
+    bonus = np.zeros(size)
+    if affinity is not None and len(affinity) and retrieval_weight:
+        bonus += retrieval_weight * (affinity - affinity.max())
+    if covisits is not None and covisit_weight:
+        bonus += covisit_weight * np.log1p(covisits)
+    return bonus
+
+
+def fuse(scores: np.ndarray, bonus: np.ndarray | None = None) -> np.ndarray:
+    """The ranking score: ``log p + bonus`` (:func:`ranking_bonus`); ``scores`` is
+    the model's probability of a positive outcome (whatever the scorer fuses
+    into one, and the rerank adjusts)."""
+    fused = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0))
+    return fused if bonus is None else fused + bonus
