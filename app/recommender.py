@@ -189,8 +189,9 @@ class Recommender:
         vector = None
         if towers is not None and known:
             vector = towers.query_vector(
-                request.user_id, now_ms, request.context, history, self.scorer.row_reader(model),
-                self.settings.covisit_window,
+                request.user_id, now_ms, request.context,
+                history[: self.scorer.schema.history_len],  # what the towers trained on
+                self.scorer.row_reader(model), self.settings.covisit_window,
             )
         covisits = self.retriever.covisits(history) if known else []
         if request.candidates is not None:

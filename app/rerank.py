@@ -94,7 +94,7 @@ def excluded(
     """Which candidates (``rows`` of ``table``) the feedback excludes (module doc, step 1)."""
     gone = list(view.disliked)
     if exclude_served and view.served:
-        engaged = {h.video_id: h.ts for h in history}
+        engaged = {h.video_id: h.ts for h in history if h.positive}
         gone += [video for video, at in view.served.items() if engaged.get(video, -1) < at]
     at = [r for r in map(table.row_of.get, gone) if r is not None]
     if not at:

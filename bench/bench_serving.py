@@ -115,10 +115,10 @@ def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_
         signals = attach_signals(res)
         signals.index_videos(catalog)
         events = world.events(N_EVENTS)
-        durations = {v.video_id: v.duration_ms for v in catalog}
+        by_id = {v.video_id: v for v in catalog}
         for start in range(0, len(events), 5000):
             chunk = events[start : start + 5000]
-            res.activity.record(chunk, durations)
+            res.activity.record(chunk, by_id)
             signals.record(chunk)
         extractor = RequestFeatureExtractor(res.schema)
         by_id = {v.video_id: v for v in catalog}

@@ -165,7 +165,7 @@ def floor_rate(settings: Settings, world: SyntheticWorld, events: list[Any], bat
                 feats = rows.values.to_batch()
                 tables, wide = trainer.trainer.pull(feats, train=True)
                 prepared.append((len(chunk), feats, tables, wide, rows.labels, rows.weights))
-            resources.activity.record(chunk, lookup.durations)
+            resources.activity.record(chunk, lookup.videos)
         prepared = prepared[-repeats:]
         model, optimizer, schema = trainer.model, trainer.trainer.optimizer, trainer.schema
         tensors = [(n, to_inputs(schema, f, t, w, requires_grad=True),

@@ -10,9 +10,15 @@ Inputs (B = rows in the batch, N_t = unique keys pulled from table t):
 
 - ``emb__{table}``: float32 ``(N_t, dim_t)``, the temporary embedding matrix;
 - ``idx__{column}``: int64 ``(B,)`` or ``(B, max_len)``, indices into it,
-  padding = ``N_t`` (the model appends a zero row);
+  padding = ``N_t`` (the model appends a zero row); a column read by an
+  attention block (:func:`per_request`) is ``(S, max_len)``, one row per
+  distinct sequence (see ``seq_row``);
 - ``wide_weights``: float32 ``(N_w, 1)``; ``wide_idx``: int64 ``(B, W)``;
-- ``dense``: float32 ``(B, n_dense)``.
+- ``dense``: float32 ``(B, n_dense)``;
+- ``seq_row``: int64 ``(B,)``, only for a schema with attention blocks: the
+  row of the ``(S, max_len)`` sequence inputs each batch row reads (training:
+  ``0..B-1``; a recommend request: all 0, so its user's sequence is computed
+  once for every candidate).
 
 Outputs, float32 ``(B,)`` each, one per ranking head (:data:`HEADS`, see the
 trainer's label policy in ``trainer/labels.py`` and ``docs/training.md``):
@@ -36,12 +42,14 @@ import numpy as np
 import numpy.typing as npt
 
 from feature_store.experiments import Head
+from feature_store.features.columns import Categorical, MultiValued
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
 
 WIDE_WEIGHTS = "wide_weights"
 WIDE_INDICES = "wide_idx"
 DENSE = "dense"
+SEQUENCE_ROWS = "seq_row"
 SCORE = "score"
 
 HEADS: tuple[Head, ...] = ("engagement", "watch", "negative")
@@ -50,6 +58,12 @@ HEAD_OUTPUTS = {"engagement": SCORE, "watch": "watch", "negative": "negative"}
 """ONNX output name of each head (engagement keeps the single-output model's name)."""
 OUTPUT_NAMES = [HEAD_OUTPUTS[h] for h in HEADS]
 """Every output of a model with heads, in order."""
+
+
+def per_request(column: Categorical | MultiValued) -> bool:
+    """Whether ``column``'s index input has one row per sequence (``S`` rows, see
+    ``seq_row``) rather than one per batch row."""
+    return isinstance(column, MultiValued) and column.pooling == "attention"
 
 
 def embedding_input(table: str) -> str:
@@ -64,7 +78,8 @@ def input_names(schema: FeatureSchema) -> list[str]:
     """Every input of the exported model, in positional order."""
     names = [embedding_input(t) for t in schema.table_dims()]
     names += [index_input(c.name) for c in schema.embedded]
-    return [*names, WIDE_WEIGHTS, WIDE_INDICES, DENSE]
+    names += [WIDE_WEIGHTS, WIDE_INDICES, DENSE]
+    return [*names, SEQUENCE_ROWS] if schema.attention else names
 
 
 def build_feed(
@@ -82,4 +97,6 @@ def build_feed(
     feed[WIDE_WEIGHTS] = np.ascontiguousarray(wide_rows, dtype=np.float32).reshape(-1, 1)
     feed[WIDE_INDICES] = batch.wide_indices
     feed[DENSE] = batch.dense
+    if schema.attention:
+        feed[SEQUENCE_ROWS] = batch.sequence_rows()
     return feed

@@ -201,14 +201,19 @@ class StoreSettings(_Section):
 
 
 class FeatureSettings(_Section):
-    history_length: int = Field(50, ge=1, le=1000)
-    """Recent watches kept per user (feeds the history feature and candidates)."""
+    history_length: int = Field(100, ge=1, le=1000)
+    """Recent actions kept per user, positive and negative (feed the sequence and history
+    features, the personal candidate sources and ``exclude_seen``)."""
     history_in_model: int = Field(20, ge=1, le=200)
     """Most recent watches pooled into the history embedding."""
     positive_watch_ratio: float = Field(0.5, ge=0, le=1)
     """Watch ratio (watched / duration) from which a play is a positive: the one threshold
     for the trainer's label, the user's history and co-visitation alike, so "what the
     user valued" means one thing everywhere."""
+    short_watch_ratio: float = Field(0.1, ge=0, le=1)
+    """A play that ends below this watch ratio is a rejection: the trainer's negative
+    label and a ``short`` entry in the user's history (between the two ratios a play
+    says nothing)."""
     user_attributes: bool = False
     """Add the user's age group, gender and occupation (from the event or request
     context, where clients send them) as columns, each crossed with the category.
@@ -521,10 +526,9 @@ class TrainerSettings(_Section):
     """Events per micro-batch (events consumed, not samples produced)."""
     max_wait_ms: int = Field(200, ge=1, le=60_000)
     """Longest wait to fill a batch; a partial batch trains after this (ms)."""
-    # --- label policy (see trainer/labels.py; a play's positive threshold is
-    # features.positive_watch_ratio, shared with the history and co-visitation) ---
-    short_play_ratio: float = Field(0.1, ge=0, le=1)
-    """A play whose watch ratio is below this is a negative (between: no label)."""
+    # --- label policy (see trainer/labels.py; a play's thresholds are
+    # features.positive_watch_ratio and features.short_watch_ratio, shared with the
+    # history and co-visitation) ---
     join_window_ms: int = Field(60_000, ge=1)
     """Event time an impression waits for a play of the same (user, video) (ms)."""
     joiner_max_entries: int = Field(200_000, ge=1)

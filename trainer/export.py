@@ -46,7 +46,10 @@ def example_inputs(
     rows_per_table: int | None = None,
     wide_rows: int | None = None,
 ) -> list[Tensor]:
-    """Random inputs of the right shapes and index ranges (padding included)."""
+    """Random inputs of the right shapes and index ranges (padding included); the
+    sequence columns have ``batch - 1`` rows (``S``), read through a random ``seq_row``,
+    so an export never takes ``S`` for ``B``."""
+    sequences = max(1, batch - 1)
     tensors: list[Tensor] = []
     sizes: dict[str, int] = {}
     for table, dim in schema.table_dims().items():
@@ -55,7 +58,8 @@ def example_inputs(
         tensors.append(torch.from_numpy(rng.normal(0, 0.1, (n, dim)).astype(np.float32)))
     for col in schema.embedded:
         n = sizes[col.table_name()]
-        shape = (batch, col.max_len) if isinstance(col, MultiValued) else (batch,)
+        rows = sequences if model_io.per_request(col) else batch
+        shape = (rows, col.max_len) if isinstance(col, MultiValued) else (rows,)
         tensors.append(torch.from_numpy(rng.integers(0, n + 1, size=shape).astype(np.int64)))
     n_wide = wide_rows if wide_rows is not None else int(rng.integers(1, 4 * batch + 2))
     tensors.append(torch.from_numpy(rng.normal(0, 0.1, (n_wide, 1)).astype(np.float32)))
@@ -65,6 +69,8 @@ def example_inputs(
     tensors.append(
         torch.from_numpy(rng.uniform(0, 5, (batch, len(schema.dense))).astype(np.float32))
     )
+    if schema.attention:
+        tensors.append(torch.from_numpy(rng.integers(0, sequences, size=batch)))
     return tensors
 
 
@@ -80,6 +86,9 @@ def export_onnx(
         _export_dynamo(module, schema, tables, example, names, path)
         return
     axes: dict[str, dict[int, str]] = {name: {0: "B"} for name in names}
+    for col in schema.embedded:
+        if model_io.per_request(col):
+            axes[model_io.index_input(col.name)] = {0: "S"}
     for table in tables:
         axes[model_io.embedding_input(table)] = {0: f"N_{table}"}
     axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
@@ -109,10 +118,12 @@ def _export_dynamo(
 ) -> None:
     from torch.export import Dim
 
-    batch = Dim("B")
+    batch, rows = Dim("B"), Dim("S")
     shapes: list[dict[int, Any]] = [{0: Dim(f"N_{t}")} for t in tables]
-    shapes += [{0: batch} for _ in schema.embedded]
+    shapes += [{0: rows if model_io.per_request(c) else batch} for c in schema.embedded]
     shapes += [{0: Dim("N_wide")}, {0: batch}, {0: batch}]
+    if schema.attention:
+        shapes.append({0: batch})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(

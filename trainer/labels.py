@@ -10,7 +10,7 @@ event           sample
 finish          positive
 like, share     positive
 play            positive if watch ratio >= ``positive_watch_ratio`` (0.5);
-                negative if < ``short_play_ratio`` (0.1); between the two,
+                negative if < ``short_watch_ratio`` (0.1); between the two,
                 or without a known duration, no sample (ambiguous)
 skip, dislike   negative
 impression      joined: waits up to ``join_window_ms`` (event time) for any
@@ -92,7 +92,7 @@ import numpy as np
 import numpy.typing as npt
 
 from feature_store.events import Event, EventContext, EventType
-from feature_store.settings import TrainerSettings
+from feature_store.settings import FeatureSettings, TrainerSettings
 from trainer.watch import WatchQuantiles
 
 _IMPRESSION = EventType.IMPRESSION
@@ -168,9 +168,9 @@ class Shown(NamedTuple):
 class LabelPolicy:
     """Maps one event to a label, or ``None`` for no sample; see the module doc."""
 
-    def __init__(self, settings: TrainerSettings, positive_watch_ratio: float) -> None:
-        self.positive_ratio = positive_watch_ratio
-        self.short_ratio = settings.short_play_ratio
+    def __init__(self, settings: TrainerSettings, features: FeatureSettings) -> None:
+        self.positive_ratio = features.positive_watch_ratio
+        self.short_ratio = features.short_watch_ratio
         self.weights = {EventType(k): float(v) for k, v in settings.sample_weights.items()}
         self.watch = WatchQuantiles(
             settings.watch_duration_buckets_s, settings.watch_quantile_memory

@@ -128,7 +128,7 @@ class OnlineTrainer:
             else None
         )
         """The two-tower model trained beside the ranker (:mod:`trainer.retrieval`)."""
-        policy = LabelPolicy(cfg, settings.features.positive_watch_ratio)
+        policy = LabelPolicy(cfg, settings.features)
         self.joiner = Joiner(policy, cfg.join_window_ms, cfg.joiner_max_entries)
         self.dedupe = DedupeWindow(cfg.dedupe_window)
         self.metrics = TrainerMetrics(cfg.metrics_window, registry)
@@ -136,7 +136,6 @@ class OnlineTrainer:
         self.root: Path = settings.data_dir / "trainer" / cfg.group_id
         self.checkpointer = Checkpointer(self.root, cfg.checkpoints_kept)
         self.in_process_stores = settings.stores.backend == "memory"
-        self.history_limit = settings.features.history_in_model
         self.positions: dict[int, int] = {}
         """Next offset per partition after the last trained batch."""
         self.log_times: dict[int, int] = {}
@@ -281,7 +280,7 @@ class OnlineTrainer:
         keys = self._train_samples(samples)
         self.trainer.advance()  # Redis applies the pushes while the activity is recorded
         if events:
-            self._retry(lambda: self.resources.activity.record(events, lookup.durations))
+            self._retry(lambda: self.resources.activity.record(events, lookup.videos))
         self._retry(self.trainer.settle)  # the pushes land before the journal line
         self._train_retrieval()
         for r in records:
@@ -348,7 +347,6 @@ class OnlineTrainer:
                 [events[i] for i in rest],
                 lookup,
                 self.resources.activity,
-                self.history_limit,
             )
         unscored = [i for i in shown if np.isnan(scores[i])]  # not served, or by another family
         if unscored:

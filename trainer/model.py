@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from feature_store.features.columns import MultiValued
+from feature_store.features.columns import Attention, MultiValued
 from feature_store.features.schema import FeatureSchema
 from feature_store.model_io import HEADS
 
@@ -57,11 +57,32 @@ class WideDeep(nn.Module):
             for c in schema.embedded
         ]
         self.multi = [isinstance(c, MultiValued) for c in schema.embedded]
+        self.attended = [
+            isinstance(c, MultiValued) and c.pooling == "attention" for c in schema.embedded
+        ]
+        """Columns read only by an attention block (not in the deep input on their own)."""
         self.n_tables = len(self.tables)
         self.n_columns = len(self.columns)
         self.n_dense = len(schema.dense)
         dims = schema.table_dims()
-        deep_in = sum(dims[c.table_name()] for c in schema.embedded) + self.n_dense
+        position = {c.name: i for i, c in enumerate(schema.embedded)}
+        widths = {c.name: dims[c.table_name()] for c in schema.embedded}
+        table_of = {c.name: table_pos[c.table_name()] for c in schema.embedded}
+        # Drawn from a forked RNG: the global stream (and so the MLP's start, and
+        # everything built after the model) is what it is without the blocks, so a
+        # comparison with and without attention starts from the same network.
+        with torch.random.fork_rng(devices=[]):
+            self.blocks: list[AttentionBlock] = [
+                AttentionBlock(block, position, widths, table_of[block.keys[0]])
+                for block in schema.attention
+            ]
+        self.attention = nn.ModuleList(self.blocks)
+        deep_in = sum(
+            dims[c.table_name()]
+            for c, attended in zip(schema.embedded, self.attended, strict=True)
+            if not attended
+        )
+        deep_in += sum(block.out_dim for block in self.blocks) + self.n_dense
         layers: list[nn.Module] = []
         width = deep_in
         for h in hidden:
@@ -78,12 +99,20 @@ class WideDeep(nn.Module):
     def head_logits(self, *inputs: Tensor) -> Tensor:
         """Pre-sigmoid scores of every head, shape ``(B, H)`` in :data:`HEADS` order."""
         tables = inputs[: self.n_tables]
-        indices = inputs[self.n_tables : self.n_tables + self.n_columns]
-        wide_weights, wide_idx, dense = inputs[self.n_tables + self.n_columns :]
+        at = self.n_tables + self.n_columns
+        indices = inputs[self.n_tables : at]
+        wide_weights, wide_idx, dense = inputs[at : at + 3]
+        sequence_row = inputs[at + 3] if self.blocks else None
         padded = [torch.cat([t, t.new_zeros(1, t.shape[1])], dim=0) for t in tables]
         parts: list[Tensor] = []
-        for (table, mean), multi, idx in zip(self.columns, self.multi, indices, strict=True):
+        gathered: list[Tensor] = []
+        for (table, mean), multi, attended, idx in zip(
+            self.columns, self.multi, self.attended, indices, strict=True
+        ):
             rows = padded[table][idx]
+            gathered.append(rows)
+            if attended:
+                continue
             if multi:
                 pooled = rows.sum(dim=1)
                 if mean:
@@ -91,6 +120,8 @@ class WideDeep(nn.Module):
                     pooled = pooled / count.clamp(min=1).to(pooled.dtype)
                 rows = pooled
             parts.append(rows)
+        for block in self.blocks:
+            parts.append(block(gathered, indices, tables, sequence_row))
         parts.append(self.dense_norm(dense))
         deep = self.mlp(torch.cat(parts, dim=1))
         wide = wide_weights[wide_idx].sum(dim=(1, 2))
@@ -108,6 +139,62 @@ class WideDeep(nn.Module):
     def heads(self, *inputs: Tensor) -> Tensor:
         """Every head's prediction (sigmoid of its logit), shape ``(B, H)``."""
         return torch.sigmoid(self.head_logits(*inputs))
+
+
+class AttentionBlock(nn.Module):
+    """One :class:`~feature_store.features.columns.Attention` of the schema.
+
+    Shapes: the candidate side is ``(B, ...)``; the sequence side is ``(S, L, ...)``,
+    one row per distinct sequence, and ``sequence_row`` ``(B,)`` says which each
+    candidate reads: ``S == B`` in training (each row its own user), ``S == 1`` for
+    a recommend request, whose user's keys are then projected once, not once per
+    candidate (the per-candidate part is a gather and two small products).
+    """
+
+    def __init__(
+        self, block: Attention, position: dict[str, int], dims: dict[str, int], key_table: int
+    ) -> None:
+        super().__init__()
+        self.key_table = key_table
+        """Position of the first key column's table among the model's tables (its row
+        count tells padding from positions)."""
+        self.keys = [position[n] for n in block.keys]
+        self.queries = [position[n] for n in block.queries]
+        self.extras = [position[n] for n in block.extras]
+        key_dim = sum(dims[n] for n in block.keys)
+        extra_dim = sum(dims[n] for n in block.extras)
+        self.heads = block.heads
+        self.head_dim = block.width // block.heads
+        self.query = nn.Linear(key_dim, block.width, bias=False)
+        self.key = nn.Linear(key_dim + extra_dim, block.width)
+        self.value_dim = key_dim + extra_dim
+        self.out_dim = self.heads * self.value_dim
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+    def forward(
+        self,
+        rows: list[Tensor],
+        indices: Sequence[Tensor],
+        tables: Sequence[Tensor],
+        sequence_row: Tensor | None,
+    ) -> Tensor:
+        """``(B, heads * value_dim)``: per head, the weighted mean of the positions' rows."""
+        keys = torch.cat([rows[i] for i in self.keys], dim=-1)  # (S, L, Dk)
+        values = torch.cat([keys, *(rows[i] for i in self.extras)], dim=-1)  # (S, L, Dv)
+        query = torch.cat([rows[i] for i in self.queries], dim=-1)  # (B, Dk)
+        first = indices[self.keys[0]]  # (S, L); padding points one past the last row
+        valid = (first < tables[self.key_table].shape[0]).to(values.dtype)  # (S, L)
+        count = valid.sum(dim=1, keepdim=True).clamp(min=1.0)  # (S, 1)
+        k = self.key(values) * valid.unsqueeze(2)  # (S, L, W), padding zeroed
+        v = values * (valid / count).unsqueeze(2)  # (S, L, Dv): the mean's weights folded in
+        if sequence_row is not None:
+            k, v = k[sequence_row], v[sequence_row]  # (B, L, ...)
+        batch, length = query.shape[0], k.shape[1]
+        q = self.query(query).reshape(batch, self.heads, 1, self.head_dim)  # (B, H, 1, d)
+        k = k.reshape(batch, length, self.heads, self.head_dim).permute(0, 2, 3, 1)
+        weight = torch.sigmoid(torch.matmul(q, k) * self.scale)  # (B, H, 1, L)
+        pooled = torch.matmul(weight, v.unsqueeze(1))  # (B, H, 1, Dv)
+        return pooled.flatten(1)
 
 
 PRIOR_RATES = {"negative": 0.05}

@@ -118,17 +118,16 @@ def build_samples(
     """
     settings = resources.settings
     cfg = settings.trainer
-    policy = LabelPolicy(cfg, settings.features.positive_watch_ratio)
+    policy = LabelPolicy(cfg, settings.features)
     joiner = Joiner(policy, cfg.join_window_ms, cfg.joiner_max_entries)
     extractor = FeatureExtractor(resources.schema)
-    history_limit = settings.features.history_in_model
     samples: list[Sample] = []
     for start in range(0, len(events), batch_size):
         chunk = list(events[start : start + batch_size])
         lookup = Lookup(resources.catalog, chunk)
-        moments = partial(_moments, extractor, chunk, lookup, resources.activity, history_limit)
+        moments = partial(_moments, extractor, chunk, lookup, resources.activity)
         samples += joiner.observe(chunk, [0] * len(chunk), lookup.durations, moments)
-        resources.activity.record(chunk, lookup.durations)
+        resources.activity.record(chunk, lookup.videos)
     if engagement_only:
         samples = [s for s in samples if s.label == s.label]
     return samples, labelled_rows(samples, extractor.layout).values
@@ -139,10 +138,9 @@ def _moments(
     chunk: list[Event],
     lookup: Lookup,
     activity: ActivityStore,
-    history_limit: int,
     positions: list[int],
 ) -> Moments:
-    values = featurise(extractor, [chunk[i] for i in positions], lookup, activity, history_limit)
+    values = featurise(extractor, [chunk[i] for i in positions], lookup, activity)
     return Moments(values, np.full(len(positions), np.nan))  # scored by the epochs, not here
 
 

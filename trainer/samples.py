@@ -49,7 +49,9 @@ def moment_rows(
     activity: ActivityStore,
     history_limit: int,
 ) -> list[FeatureRow]:
-    """Feature rows of each event's (user, video) at the event, from the pre-batch state."""
+    """Feature rows of each event's (user, video) at the event, from the pre-batch state;
+    each history cut to its ``history_limit`` most recent entries (the schema's
+    ``history_len``: the service cuts its requests' histories the same way)."""
     users = list(dict.fromkeys(e.user_id for e in events))
     videos = list(dict.fromkeys(e.video_id for e in events))
     histories: dict[str, tuple[HistoryEntry, ...]] = {
@@ -76,12 +78,12 @@ def featurise(
     events: Sequence[Event],
     lookup: Lookup,
     activity: ActivityStore,
-    history_limit: int,
 ) -> npt.NDArray[np.uint64]:
     """``(len(events), W)`` packed feature values of each event's moment (pre-batch state)."""
     if not events:
         return np.zeros((0, extractor.layout.width), dtype=np.uint64)
-    return extractor.values(moment_rows(events, lookup, activity, history_limit)).packed
+    rows = moment_rows(events, lookup, activity, extractor.schema.history_len)
+    return extractor.values(rows).packed
 
 
 @dataclass

@@ -91,6 +91,8 @@ def to_inputs(
     tensors.append(torch.from_numpy(wide).requires_grad_(requires_grad))
     tensors.append(torch.from_numpy(batch.wide_indices))
     tensors.append(torch.from_numpy(batch.dense))
+    if schema.attention:
+        tensors.append(torch.from_numpy(batch.sequence_rows()))
     return tensors
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from feature_store.activity.base import HistoryEntry
+from feature_store.activity.base import HistoryEntry, watched
 from feature_store.catalog.base import CatalogStore
 from feature_store.signals.base import CandidateSignals
 
@@ -29,7 +29,7 @@ REQUEST = "request"
 """Candidates the caller passed in."""
 
 CREATOR_HISTORY = 20
-"""Recent watches looked at to find the user's creators."""
+"""Recent watches (positive entries) looked at to find the user's creators."""
 TOP_CREATORS = 5
 
 
@@ -45,7 +45,7 @@ def covisited(
     signals: CandidateSignals, history: Sequence[HistoryEntry], window: int, limit: int
 ) -> list[tuple[str, float]]:
     """Videos co-watched with the ``window`` most recent watches, with their counts."""
-    recent = [entry.video_id for entry in history[:window]]
+    recent = [entry.video_id for entry in watched(history)[:window]]
     return signals.covisited(recent, limit) if recent else []
 
 
@@ -55,7 +55,7 @@ def creators(
     history: Sequence[HistoryEntry],
     limit: int,
 ) -> list[str]:
-    recent = [entry.video_id for entry in history[:CREATOR_HISTORY]]
+    recent = [entry.video_id for entry in watched(history)[:CREATOR_HISTORY]]
     if not recent:
         return []
     counts = Counter(v.creator_id for v in catalog.get_many(recent) if v is not None)

@@ -221,8 +221,8 @@ def user_insight(service: Service, user_id: str, count: int) -> dict[str, Any]:
     return {
         "user_id": user_id,
         "history": [
-            {"video_id": h.video_id, "watch_ratio": h.watch_ratio, "age_s": (now - h.ts) / 1000,
-             **about(h.video_id)}
+            {"video_id": h.video_id, "action": h.action, "watch_ratio": h.watch_ratio,
+             "age_s": (now - h.ts) / 1000, **about(h.video_id)}
             for h in history
         ],
         "recommendations": [

@@ -205,7 +205,7 @@ class Query:
 def eval_settings(
     cfg: EvalConfig, data_dir: Path, kind: str, backend: str, user_attributes: bool = False
 ) -> Settings:
-    features = {"user_attributes": user_attributes and cfg.user_attributes}
+    features: dict[str, Any] = {"user_attributes": user_attributes and cfg.user_attributes}
     trainer: dict[str, Any] = {
         "batch_size": cfg.batch_size,
         "export_every_s": 0,
@@ -217,7 +217,9 @@ def eval_settings(
         "metrics_window": HEAD_WINDOW,
     }
     if kind == "movielens" and not cfg.implicit:  # implicit: every rating a finish, weight 1
-        trainer.update(rating_label_settings())
+        labels = rating_label_settings()
+        trainer.update(labels["trainer"])
+        features.update(labels["features"])
     sections: dict[str, Any] = {
         "data_dir": data_dir,
         "event_log": {"backend": "memory", "memory_partitions": 1,

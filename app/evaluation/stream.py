@@ -186,8 +186,9 @@ def stars_watched(positive_watch_ratio: float) -> float | None:
     return None
 
 
-def rating_label_settings() -> dict[str, Any]:
-    """Trainer settings under which each MovieLens rating is one sample labelled ``>= 4``.
+def rating_label_settings() -> dict[str, dict[str, Any]]:
+    """Settings sections (``trainer``, ``features``) under which each MovieLens rating is
+    one sample labelled ``>= 4``.
 
     :mod:`app.evaluation.datasets` turns a rating into an impression then a
     ``play`` (watch ratio 1.0 / 0.9 / 0.3 / 0.05 for 5 / 4 / 3 / 2 stars) or
@@ -198,8 +199,10 @@ def rating_label_settings() -> dict[str, Any]:
     impression is joined by its play and yields nothing.
     """
     return {  # with features.positive_watch_ratio at its default, 0.5
-        "short_play_ratio": 0.5,
-        "sample_weights": {"finish": 0.0, "like": 0.0, "dislike": 0.0, "share": 0.0},
+        "features": {"short_watch_ratio": 0.5},
+        "trainer": {
+            "sample_weights": {"finish": 0.0, "like": 0.0, "dislike": 0.0, "share": 0.0},
+        },
     }
 
 

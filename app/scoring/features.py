@@ -117,6 +117,8 @@ class RequestFeatureExtractor(FeatureExtractor):
         """This extractor's per-video rows (:mod:`app.scoring.video_table`)."""
         self._constant_keys: dict[tuple[str, str], Keys] = {}
         """``(column, value)`` of user and context columns to their one-key array."""
+        self._one_sequence = np.zeros(0, dtype=np.int64)
+        """Zeros, the sequence row of every candidate (grown as needed, sliced per request)."""
 
     def extract_request(
         self,
@@ -147,6 +149,7 @@ class RequestFeatureExtractor(FeatureExtractor):
         """
         table = self.table
         batch = len(idx)
+        history = history[: self.schema.history_len]  # what the trainer's moments hold
         template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
         varying: dict[str, tuple[Keys, Indices]] = {}
         """Categorical columns of the videos: their distinct keys, each row's position in them."""
@@ -180,7 +183,12 @@ class RequestFeatureExtractor(FeatureExtractor):
         )
         wide_keys, wide_indices = self._index_request_wide(batch, varying, constant)
         dense = self._dense(ts_ms, history, idx)
-        return BatchFeatures(batch, table_keys, column_indices, wide_keys, wide_indices, dense)
+        if len(self._one_sequence) < batch:
+            self._one_sequence = np.zeros(max(batch, 2 * len(self._one_sequence)), np.int64)
+        return BatchFeatures(
+            batch, table_keys, column_indices, wide_keys, wide_indices, dense,
+            self._one_sequence[:batch] if self.schema.attention else None,
+        )
 
     def constant_key(self, col: Categorical, template: FeatureRow) -> Keys:
         """The one-key array of per-request column ``col`` for the request in ``template``."""
@@ -229,7 +237,9 @@ class RequestFeatureExtractor(FeatureExtractor):
                     at = varying[name][1]
                     column_indices[name] = at + start if start else at
                 elif isinstance(col, MultiValued):
-                    padded = np.full((batch, col.max_len), pad, dtype=np.int64)
+                    # An attention block's sequence: one row, read by every candidate.
+                    rows = 1 if col.pooling == "attention" else batch
+                    padded = np.full((rows, col.max_len), pad, dtype=np.int64)
                     if name in shared:
                         padded[:, : len(block)] = np.arange(start, start + len(block))
                     else:

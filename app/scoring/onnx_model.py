@@ -117,7 +117,9 @@ def pad_batch(batch: BatchFeatures, size: int) -> BatchFeatures:
     """``batch`` grown to ``size`` rows by repeating row 0 (its scores are discarded).
 
     Row 0's indices are valid for every input (including the wide part, which
-    has no padding row), so the padded run computes nothing out of range.
+    has no padding row), so the padded run computes nothing out of range. A
+    sequence column with one row per sequence (fewer rows than the batch) is
+    left as it is: the added rows read row 0's sequence.
     """
     extra = size - batch.batch_size
     if extra <= 0:
@@ -126,13 +128,18 @@ def pad_batch(batch: BatchFeatures, size: int) -> BatchFeatures:
     def grow(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
         return np.concatenate([array, np.repeat(array[:1], extra, axis=0)], axis=0)
 
+    rows = batch.batch_size
     return BatchFeatures(
         size,
         batch.table_keys,
-        {name: grow(idx) for name, idx in batch.column_indices.items()},
+        {
+            name: grow(idx) if len(idx) == rows else idx
+            for name, idx in batch.column_indices.items()
+        },
         batch.wide_keys,
         grow(batch.wide_indices),
         grow(batch.dense),
+        None if batch.sequence_row is None else grow(batch.sequence_row),
     )
 
 

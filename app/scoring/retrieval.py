@@ -97,7 +97,8 @@ class RetrievalModel:
         None when there is none (``history`` query, no recent watch with a vector)."""
         if self.query == "user":
             return self.user_vector(user_id, ts_ms, context, history, pull)
-        vectors, known = self.index.vectors_of([h.video_id for h in history[:window]])
+        recent = [h.video_id for h in history if h.positive][:window]
+        vectors, known = self.index.vectors_of(recent)
         if not known.any():
             return None
         mean = np.asarray(vectors[known], dtype=np.float32).mean(axis=0)

@@ -1,9 +1,10 @@
 """What users did recently and how each video is doing, kept current from events.
 
-Per user: the last N videos watched with their watch ratio (newest first),
-feeding the history feature and the co-visitation and creator candidate
-sources. Per video: counters of each event type and total watch time, feeding
-the popularity features and trending.
+Per user: the last N videos the user acted on (watched, finished, liked,
+shared, skipped, disliked), newest first, feeding the sequence and history
+features and the co-visitation and creator candidate sources. Per video:
+counters of each event type and total watch time, feeding the popularity
+features and trending.
 
 Writers: the trainer (and, embedded, the same process). Each user's events
 live in one event-log partition, so one consumer owns each user's history and
@@ -12,25 +13,48 @@ there is no concurrent read-modify-write of one history.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from feature_store.catalog.base import Video
 from feature_store.events import Event
+
+POSITIVE_ACTIONS = frozenset({"play", "finish", "like", "share"})
+"""History actions that mean the user valued the video (see :mod:`feature_store.activity.rules`)."""
 
 
 class HistoryEntry(BaseModel):
-    """One watched video in a user's recent history."""
+    """One video in a user's recent history: what they did with it, and when."""
 
     model_config = ConfigDict(frozen=True)
 
     video_id: str
     watch_ratio: float
-    """Best fraction of the video watched (0..1); 1.0 for likes and shares."""
+    """Best fraction of the video watched (0..1); 1.0 for finishes, likes and shares."""
     ts: int
     """Time of the latest event that touched this entry, ms since epoch."""
+    action: str = "play"
+    """The strongest action taken on the video: ``play`` (watched past
+    ``features.positive_watch_ratio``), ``finish``, ``like``, ``share`` (positive:
+    :data:`POSITIVE_ACTIONS`), ``skip``, ``short`` (a play that ended below
+    ``features.short_watch_ratio``) or ``dislike`` (negative)."""
+    creator_id: str = ""
+    """The video's creator when the entry was written ("" when the catalog did not know it)."""
+    category: str = ""
+    """The video's category when the entry was written ("" when unknown)."""
+
+    @property
+    def positive(self) -> bool:
+        """The user valued the video (a watch, finish, like or share)."""
+        return self.action in POSITIVE_ACTIONS
+
+
+def watched(history: Iterable[HistoryEntry]) -> list[HistoryEntry]:
+    """The positive entries of ``history``, in its order (what "watched" means)."""
+    return [entry for entry in history if entry.action in POSITIVE_ACTIONS]
 
 
 class VideoStats(BaseModel):
@@ -66,8 +90,11 @@ reader comparing by identity, like the serving feature cache, sees no change."""
 class ActivityStore(Protocol):
     """Per-user history and per-video counters. Backends: ``memory``, ``redis``."""
 
-    def record(self, events: Sequence[Event], durations_ms: dict[str, int] | None = None) -> None:
-        """Apply a batch of events; ``durations_ms`` fills in unknown video lengths."""
+    def record(
+        self, events: Sequence[Event], videos: Mapping[str, Video | None] | None = None
+    ) -> None:
+        """Apply a batch of events; ``videos`` (the catalog records of the batch's videos)
+        fill in unknown video lengths and the creator and category of history entries."""
         ...
 
     def history(self, user_id: str, limit: int | None = None) -> list[HistoryEntry]:

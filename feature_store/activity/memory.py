@@ -3,15 +3,16 @@
 Also home of the activity snapshot format (:func:`write_snapshot`,
 :func:`read_snapshot`), which every backend writes and reads so that a
 snapshot taken from one restores into another. One line per user history
-(``{"user_id": ..., "history": [[video_id, watch_ratio, ts], ...]}``, newest
-first) or per video's counters (``{"video_id": ..., "stats": {...}}``).
+(``{"user_id": ..., "history": [[video_id, watch_ratio, ts, action, creator_id,
+category], ...]}``, newest first; older three-element entries still read) or
+per video's counters (``{"video_id": ..., "stats": {...}}``).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +20,7 @@ from types import TracebackType
 from feature_store.activity import rules
 from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
 from feature_store.atomic import atomic_text
+from feature_store.catalog.base import Video
 from feature_store.changelog import ChangeLog
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.events import Event
@@ -34,13 +36,20 @@ Record = tuple[str, History | VideoStats]
 
 
 def encode_entries(history: Iterable[HistoryEntry]) -> list[list[object]]:
-    """Entries as compact ``[video_id, watch_ratio, ts]`` triples (snapshot and Redis)."""
-    return [[entry.video_id, entry.watch_ratio, entry.ts] for entry in history]
+    """Entries as compact ``[video_id, watch_ratio, ts, action, creator_id, category]``
+    arrays (snapshot and Redis)."""
+    return [
+        [e.video_id, e.watch_ratio, e.ts, e.action, e.creator_id, e.category] for e in history
+    ]
 
 
-def decode_entry(triple: Sequence[object]) -> HistoryEntry:
-    video_id, ratio, ts = triple
-    return HistoryEntry(video_id=video_id, watch_ratio=ratio, ts=ts)  # type: ignore[arg-type]
+_FIELDS = ("video_id", "watch_ratio", "ts", "action", "creator_id", "category")
+
+
+def decode_entry(values: Sequence[object]) -> HistoryEntry:
+    """An entry from :func:`encode_entries`' array; the triples written before entries had
+    an action (all positive watches) read as ``play`` with no creator or category."""
+    return HistoryEntry(**dict(zip(_FIELDS, values, strict=False)))  # type: ignore[arg-type]
 
 
 def write_snapshot(
@@ -100,6 +109,7 @@ class MemoryActivity:
 
     def __init__(self, features: FeatureSettings) -> None:
         self.features = features
+        self.rules = rules.history_rules(features)
         self._histories: dict[str, History] = {}
         self._stats: dict[str, VideoStats] = {}
         self._lock = threading.Lock()
@@ -117,20 +127,23 @@ class MemoryActivity:
     ) -> None:
         self.close()
 
-    def record(self, events: Sequence[Event], durations_ms: dict[str, int] | None = None) -> None:
+    def record(
+        self, events: Sequence[Event], videos: Mapping[str, Video | None] | None = None
+    ) -> None:
         """Apply a batch of events per :mod:`feature_store.activity.rules`."""
         ordered = rules.in_order(events)
         deltas = rules.stats_deltas(ordered)
-        durations = durations_ms or {}
+        catalog = videos or {}
+        durations = rules.durations_of(catalog)
         with self._lock:
             for user_id, user_events in rules.by_user(ordered).items():
                 old = self._histories.get(user_id, ())
                 new = rules.merge_history(
                     old,
                     user_events,
+                    videos=catalog,
+                    rules=self.rules,
                     durations_ms=durations,
-                    threshold=self.features.positive_watch_ratio,
-                    length=self.features.history_length,
                 )
                 if new:
                     self._histories[user_id] = tuple(new)

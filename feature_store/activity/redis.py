@@ -2,8 +2,9 @@
 
 Layout (prefixes from :mod:`feature_store.constants`):
 
-- ``{HISTORY}{user_id}``: list, newest first, one compact JSON triple
-  ``["video_id", watch_ratio, ts]`` per entry, so a reader can ``LRANGE`` just
+- ``{HISTORY}{user_id}``: list, newest first, one compact JSON array
+  ``["video_id", watch_ratio, ts, "action", "creator_id", "category"]`` per entry
+  (:func:`~feature_store.activity.memory.encode_entries`), so a reader can ``LRANGE`` just
   the head. Idle histories expire (``history_ttl_s``, 90 days by default;
   each change renews it), which bounds the keyspace by active users.
 - ``{VIDEO_STATS}{video_id}``: hash of the :class:`VideoStats` fields, no
@@ -26,7 +27,7 @@ safe from any number of writers.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,6 +43,7 @@ from feature_store.activity.memory import (
     read_snapshot,
     write_snapshot,
 )
+from feature_store.catalog.base import Video
 from feature_store.catalog.redis import store_errors
 from feature_store.constants import HISTORY, VIDEO_STATS
 from feature_store.events import Event
@@ -113,6 +115,7 @@ class RedisActivity:
     ) -> None:
         self.client = client
         self.features = features
+        self.rules = rules.history_rules(features)
         self.chunk = chunk
         self.history_ttl_s = history_ttl_s
         self._add_stats = client.register_script(_ADD_STATS)
@@ -130,22 +133,25 @@ class RedisActivity:
 
     # --- writes ------------------------------------------------------------
 
-    def record(self, events: Sequence[Event], durations_ms: dict[str, int] | None = None) -> None:
+    def record(
+        self, events: Sequence[Event], videos: Mapping[str, Video | None] | None = None
+    ) -> None:
         """Apply a batch of events per :mod:`feature_store.activity.rules`."""
         ordered = rules.in_order(events)
         if not ordered:
             return
         groups = rules.by_user(ordered)
         old = dict(zip(groups, self.histories(list(groups)), strict=True))
-        durations = durations_ms or {}
+        catalog = videos or {}
+        durations = rules.durations_of(catalog)
         changed: dict[str, list[HistoryEntry]] = {}
         for user_id, user_events in groups.items():
             new = rules.merge_history(
                 old[user_id],
                 user_events,
+                videos=catalog,
+                rules=self.rules,
                 durations_ms=durations,
-                threshold=self.features.positive_watch_ratio,
-                length=self.features.history_length,
             )
             if new != old[user_id]:
                 changed[user_id] = new

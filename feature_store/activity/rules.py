@@ -26,20 +26,32 @@ that closes the session reports the watch time. They still feed the
 history, where only the ratio matters and the best one is kept.
 
 History (per user, newest first, at most ``history_length`` entries, each
-video once): a video enters when
+video once): what the user did with a video, positive or negative, with the
+video's creator and category as the catalog had them (so a sequence model
+reads the user's recent actions in one read, without a catalog lookup per
+entry). A video enters when
 
-- a play, progress or finish event reaches ``features.positive_watch_ratio``; the
-  ratio is ``watch_ms`` over ``event.duration_ms``, else over the catalog's
-  duration passed in ``durations_ms``; a finish counts as 1.0 whatever its
-  ``watch_ms``; a play or progress with no known duration is not judged
-  and adds nothing;
-- or it is liked or shared (ratio 1.0).
+- a play, progress or finish event reaches ``features.positive_watch_ratio``
+  (action ``play``, or ``finish`` for a finish, which counts as ratio 1.0
+  whatever its ``watch_ms``); the ratio is ``watch_ms`` over
+  ``event.duration_ms``, else over the catalog's duration; a play or progress
+  with no known duration is not judged and adds nothing;
+- it is liked or shared (``like``, ``share``, ratio 1.0);
+- it is skipped (``skip``) or disliked (``dislike``);
+- a play (not a progress beat: its total is still growing) ends below
+  ``features.short_watch_ratio`` (``short``).
 
-An entry that enters again keeps the best ratio seen and takes the later
-``ts``; entries are ordered by ``ts`` (newest first), so a fresh re-watch
+Positive actions (:data:`POSITIVE_ACTIONS`) are what "watched" means to the
+co-visitation and creator sources, the pooled history and the towers;
+negatives are read by the sequence model, and every entry counts as seen.
+
+An entry that enters again keeps the best ratio seen, takes the later ``ts``
+and the stronger action (:data:`ACTION_RANK`: a dislike overrides
+everything, a positive overrides a skip or a short play, never the
+reverse); entries are ordered by ``ts`` (newest first), so a fresh re-watch
 moves to the front while a late-arriving old event does not jump ahead of
-newer watches. Impressions, clicks, skips and dislikes never add and never
-remove.
+newer watches. Impressions, clicks and ambiguous plays (between the two
+ratios) never add and never remove.
 
 Within one batch events apply in ``ts`` order (stable for equal times), and
 an ``event_id`` seen twice in the batch counts once. Duplicates across
@@ -54,7 +66,9 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.catalog.base import Video
 from feature_store.events import Event, EventType
+from feature_store.settings import FeatureSettings
 
 COUNTER_OF: dict[EventType, str] = {
     EventType.IMPRESSION: "impressions",
@@ -75,7 +89,6 @@ COUNTER_FIELDS: tuple[str, ...] = (*COUNTER_OF.values(), "watch_ms")
 """Every additive field of :class:`VideoStats` (``last_ts`` is a maximum)."""
 
 _WATCH_TYPES = frozenset({EventType.PLAY, EventType.PROGRESS, EventType.FINISH})
-_FULL_TYPES = frozenset({EventType.FINISH, EventType.LIKE, EventType.SHARE})
 
 
 @dataclass
@@ -137,55 +150,114 @@ def apply_delta(stats: VideoStats, delta: StatsDelta) -> VideoStats:
     return VideoStats(**values)
 
 
-def history_ratio(event: Event, durations_ms: Mapping[str, int], threshold: float) -> float | None:
-    """The ratio with which ``event`` enters its user's history, or None if it does not."""
-    if event.type in _FULL_TYPES:
-        return 1.0
-    if event.type not in _WATCH_TYPES:
+ACTION_RANK: dict[str, int] = {
+    "short": 0, "skip": 1, "play": 2, "finish": 3, "like": 4, "share": 5, "dislike": 6,
+}
+"""Which action an entry keeps when a video is acted on again: the higher one."""
+
+_ACTION_OF: dict[EventType, str] = {
+    EventType.FINISH: "finish",
+    EventType.LIKE: "like",
+    EventType.SHARE: "share",
+    EventType.SKIP: "skip",
+    EventType.DISLIKE: "dislike",
+}
+
+
+@dataclass(frozen=True)
+class HistoryRules:
+    """The thresholds that decide what enters a history (``features`` settings)."""
+
+    positive_ratio: float = 0.5
+    """``features.positive_watch_ratio``: a watch from this ratio is a positive ``play``."""
+    short_ratio: float = 0.1
+    """``features.short_watch_ratio``: a play that ends below this is a ``short`` negative."""
+    length: int = 50
+    """``features.history_length``: entries kept per user."""
+
+
+def history_rules(features: FeatureSettings) -> HistoryRules:
+    """The history thresholds of ``features``."""
+    return HistoryRules(
+        features.positive_watch_ratio, features.short_watch_ratio, features.history_length
+    )
+
+
+def history_action(
+    event: Event, durations_ms: Mapping[str, int], rules: HistoryRules
+) -> tuple[str, float] | None:
+    """The action and ratio with which ``event`` enters its user's history, or None."""
+    kind = event.type
+    action = _ACTION_OF.get(kind)
+    if action is not None:
+        full = action in ("finish", "like", "share")
+        return action, 1.0 if full else 0.0
+    if kind not in _WATCH_TYPES:
         return None
     ratio = event.watch_ratio(durations_ms.get(event.video_id))
-    if ratio is None or ratio < threshold:
+    if ratio is None:
         return None
-    return ratio
+    if ratio >= rules.positive_ratio:
+        return "play", ratio
+    if kind is EventType.PLAY and ratio < rules.short_ratio:
+        return "short", ratio
+    return None
+
+
+def durations_of(videos: Mapping[str, Video | None] | None) -> dict[str, int]:
+    """Video lengths in ms of the known ``videos`` (what fills in an event's duration)."""
+    return {vid: v.duration_ms for vid, v in (videos or {}).items() if v is not None}
 
 
 def merge_history(
     history: Sequence[HistoryEntry],
     events: Iterable[Event],
     *,
-    durations_ms: Mapping[str, int],
-    threshold: float,
-    length: int,
+    videos: Mapping[str, Video | None],
+    rules: HistoryRules,
+    durations_ms: Mapping[str, int] | None = None,
 ) -> list[HistoryEntry]:
     """One user's history after ``events`` (theirs, in :func:`in_order` order).
 
-    Linear in ``length`` per qualifying event: histories hold at most a
-    thousand entries, so a list beats any cleverer structure.
+    ``videos``: catalog records of the events' videos (creator, category and,
+    unless ``durations_ms`` is given, lengths). Linear in ``length`` per
+    qualifying event: histories hold at most a thousand entries, so a list
+    beats any cleverer structure.
     """
+    durations = durations_of(videos) if durations_ms is None else durations_ms
     qualifying = [
-        (event, ratio)
+        (event, found)
         for event in events
-        if (ratio := history_ratio(event, durations_ms, threshold)) is not None
+        if (found := history_action(event, durations, rules)) is not None
     ]
-    if not qualifying:  # most users of a batch: impressions and short plays only
-        return list(history[:length])
+    if not qualifying:  # most users of a batch: impressions and ambiguous plays only
+        return list(history[: rules.length])
     entries = list(history)
     ids = [entry.video_id for entry in entries]  # parallel to entries: list.index in C
-    for event, ratio in qualifying:
+    for event, (action, ratio) in qualifying:
         video_id, ts = event.video_id, event.ts
+        video = videos.get(video_id)
+        creator, category = (video.creator_id, video.category) if video else ("", "")
         if video_id in ids:
             i = ids.index(video_id)
             old = entries[i]
             del entries[i], ids[i]
             ratio = max(ratio, old.watch_ratio)
             ts = max(ts, old.ts)
+            if ACTION_RANK[old.action] > ACTION_RANK[action]:
+                action = old.action
+            if not video:
+                creator, category = old.creator_id, old.category
         if not entries or entries[0].ts <= ts:  # the usual case: the newest entry
             at = 0
         else:
             at = next((i for i, entry in enumerate(entries) if entry.ts <= ts), len(entries))
-        entries.insert(at, HistoryEntry(video_id=video_id, watch_ratio=ratio, ts=ts))
+        entries.insert(at, HistoryEntry(
+            video_id=video_id, watch_ratio=ratio, ts=ts, action=action,
+            creator_id=creator, category=category,
+        ))
         ids.insert(at, video_id)
-    del entries[length:]
+    del entries[rules.length :]
     return entries
 
 

@@ -8,7 +8,10 @@ What a temporary-embedding-matrix model consumes (trainer and ONNX server alike)
   padded with ``len(table_keys[table])`` (one past the last row: the model
   appends a zero row there, so padding pools to nothing);
 - the wide part's unique keys and a ``(B, wide_width)`` index matrix;
-- a ``(B, n_dense)`` float32 matrix of dense features.
+- a ``(B, n_dense)`` float32 matrix of dense features;
+- for the columns an attention block reads (``pooling="attention"``), indices
+  ``(S, max_len)`` with one row per distinct user sequence, and per batch row
+  the sequence row it reads (:attr:`BatchFeatures.sequence_row`).
 
 No fixed capacity anywhere: sizes follow the batch.
 """
@@ -38,9 +41,18 @@ class BatchFeatures:
     wide_indices: Indices
     """``(B, wide_width)`` indices into ``wide_keys``."""
     dense: npt.NDArray[np.float32]
+    sequence_row: Indices | None = None
+    """``(B,)`` the row of the sequence columns' ``(S, max_len)`` indices each row reads;
+    None: row ``i`` reads row ``i`` (``S == B``). A request sets all 0 (``S == 1``)."""
     unique_key_count: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.unique_key_count = int(
             sum(len(k) for k in self.table_keys.values()) + len(self.wide_keys)
         )
+
+    def sequence_rows(self) -> Indices:
+        """:attr:`sequence_row`, or ``0..B-1`` when every row has its own sequence."""
+        if self.sequence_row is not None:
+            return self.sequence_row
+        return np.arange(self.batch_size, dtype=np.int64)

@@ -13,6 +13,12 @@ keys and index tensors. Four kinds:
 - :class:`Dense`: a numeric feature (video age, duration, log popularity),
   computed column-wise by :mod:`feature_store.features.dense`.
 
+And one block over columns, :class:`Attention`: the candidate's own columns
+(video, creator, category) attend over the user's recent actions (the
+aligned multi-valued columns ``seq_*``, pooling ``attention``), so what the
+user just did with videos *like this one* reaches the score without anyone
+retraining a row (see ``trainer/model.py``).
+
 Values come from *sources*: named, declared functions
 (:mod:`feature_store.features.sources`; the categorical and multi-valued ones
 of a :class:`FeatureRow` are below, the dense ones in
@@ -123,7 +129,40 @@ def _tags(row: FeatureRow) -> list[str]:
 
 @source("history_videos", "multi", _U)
 def _history_videos(row: FeatureRow) -> list[str]:
+    """The videos the user valued (positive entries), newest first."""
+    return [h.video_id for h in row.history if h.positive]
+
+
+# The user's recent actions, one position per history entry, positive or negative:
+# four aligned lists (a missing creator or category keeps its position as MISSING).
+
+
+@source("recent_videos", "multi", _U)
+def _recent_videos(row: FeatureRow) -> list[str]:
     return [h.video_id for h in row.history]
+
+
+@source("recent_creators", "multi", _U)
+def _recent_creators(row: FeatureRow) -> list[str]:
+    return [h.creator_id or MISSING for h in row.history]
+
+
+@source("recent_categories", "multi", _U)
+def _recent_categories(row: FeatureRow) -> list[str]:
+    return [h.category or MISSING for h in row.history]
+
+
+def age_bucket(age_ms: int) -> int:
+    """How long ago, in log2 steps of 10 s: 0 under 10 s, 1 under 30 s, 2 under 70 s,
+    ... 13 from about a day (a negative age, a clock skew, is 0)."""
+    return min(13, int(math.log2(1 + max(0, age_ms) / 10_000)))
+
+
+@source("recent_actions", "multi", (Scope.REQUEST, Scope.USER))
+def _recent_actions(row: FeatureRow) -> list[str]:
+    """What the user did and how long before this moment: ``like:3``, ``skip:0``..."""
+    now = row.ts_ms
+    return [f"{h.action}:{age_bucket(now - h.ts)}" for h in row.history]
 
 
 # --- columns --------------------------------------------------------------
@@ -157,7 +196,9 @@ class MultiValued:
     source: str
     dim: int
     max_len: int
-    pooling: Literal["mean", "sum"] = "mean"
+    pooling: Literal["mean", "sum", "attention"] = "mean"
+    """``attention``: not pooled on its own; read position by position by an
+    :class:`Attention` block (the request's one list, not repeated per candidate)."""
     table: str = ""
     key_space: str = ""
 
@@ -184,4 +225,30 @@ class Dense:
     source: str
 
 
-Column = Categorical | MultiValued | Crossed | Dense
+@dataclass(frozen=True)
+class Attention:
+    """Target attention of the candidate over the user's recent actions (DIN-style).
+
+    ``keys`` are multi-valued columns with ``pooling="attention"`` and one
+    ``max_len``, aligned position by position (one history entry each);
+    ``queries`` are the candidate's categorical columns in the same embedding
+    tables, in the same order (``seq_video`` with ``video``...), so a
+    position's key and the candidate's query are rows of one space;
+    ``extras`` (the action and its age) describe each position without a
+    query. Each of ``heads`` heads projects to ``width // heads`` and weighs
+    a position by the sigmoid of its scaled dot product with the candidate;
+    the block's output is, per head, the weighted mean of the positions'
+    concatenated rows (keys and extras), so a user who skipped three videos of
+    a category yields another vector for a candidate of it than one who liked
+    them, and one who did nothing yields zeros.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    queries: tuple[str, ...]
+    extras: tuple[str, ...] = ()
+    width: int = 32
+    heads: int = 2
+
+
+Column = Categorical | MultiValued | Crossed | Dense | Attention

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from feature_store.errors import ConfigurationError
 from feature_store.features.columns import (
+    Attention,
     Categorical,
     Column,
     Crossed,
@@ -31,6 +32,10 @@ class FeatureSchema:
     """An ordered, validated set of columns."""
 
     columns: tuple[Column, ...]
+    history_len: int = 20
+    """History entries the model reads (``features.history_in_model``): the user's
+    most recent ones, cut once by whoever builds the feature rows (the trainer's
+    moments, the service's request), so both see the same entries."""
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
@@ -46,6 +51,8 @@ class FeatureSchema:
                 declared(col.source, "dense", col.name)
             if isinstance(col, Crossed) and not set(col.columns) <= categorical:
                 raise ConfigurationError(f"{col.name}: crosses must name categorical columns")
+        for block in self.attention:
+            self._check_attention(block)
         dims: dict[str, int] = {}
         for col in self.embedded:
             table = col.table_name()
@@ -53,6 +60,36 @@ class FeatureSchema:
                 raise ConfigurationError(f"{col.name}: table name {WIDE_TABLE!r} is reserved")
             if dims.setdefault(table, col.dim) != col.dim:
                 raise ConfigurationError(f"{col.name}: table {table!r} shared with another dim")
+
+    def _check_attention(self, block: Attention) -> None:
+        """Refuse a block the model could not build (see :class:`Attention`)."""
+        multi = {c.name: c for c in self.multi_valued}
+        categorical = {c.name: c for c in self.categorical}
+        sequence = [multi.get(n) for n in (*block.keys, *block.extras)]
+        if not block.keys or None in sequence:
+            raise ConfigurationError(
+                f"{block.name}: keys and extras must name multi-valued columns, at least one key"
+            )
+        lengths = {c.max_len for c in sequence if c is not None}
+        if len(lengths) != 1 or any(c.pooling != "attention" for c in sequence if c):
+            raise ConfigurationError(
+                f"{block.name}: its columns need pooling='attention' and one max_len"
+            )
+        if len(block.queries) != len(block.keys):
+            raise ConfigurationError(f"{block.name}: one query column per key column")
+        for key, query in zip(block.keys, block.queries, strict=True):
+            q = categorical.get(query)
+            if q is None or q.table_name() != multi[key].table_name():
+                raise ConfigurationError(
+                    f"{block.name}: query {query!r} must be a categorical column in the "
+                    f"table of key {key!r}"
+                )
+        if block.width % block.heads:
+            raise ConfigurationError(f"{block.name}: width must be a multiple of heads")
+
+    @property
+    def attention(self) -> list[Attention]:
+        return [c for c in self.columns if isinstance(c, Attention)]
 
     @property
     def categorical(self) -> list[Categorical]:
@@ -82,6 +119,8 @@ class FeatureSchema:
 
     def table_dims(self) -> dict[str, int]:
         """Embedding tables and their row width, in first-use order."""
+        for block in self.attention:
+            self._check_attention(block)
         dims: dict[str, int] = {}
         for col in self.embedded:
             dims.setdefault(col.table_name(), col.dim)
@@ -91,8 +130,10 @@ class FeatureSchema:
         return [{"kind": type(c).__name__, **asdict(c)} for c in self.columns]
 
     def schema_hash(self) -> str:
-        """sha256 of the canonical JSON of the columns (first 16 hex digits)."""
-        text = json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON of the columns and the history length (first
+        16 hex digits)."""
+        described: list[object] = [*self.describe(), {"history_len": self.history_len}]
+        text = json.dumps(described, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -105,6 +146,27 @@ USER_ATTRIBUTE_COLUMNS: tuple[Column, ...] = (
     Crossed("occupation_x_category", ("occupation", "category")),
 )
 """Columns added by ``features.user_attributes`` (appended: the others keep their order)."""
+
+
+def sequence_columns(length: int) -> tuple[Column, ...]:
+    """The user's ``length`` most recent actions, attended by the candidate (DIN-style):
+    each position's video, creator and category rows (the candidate's own tables) and
+    an embedding of its action and age (see :class:`~feature_store.features.columns.Attention`)."""
+    return (
+        MultiValued("seq_video", "recent_videos", dim=16, max_len=length, table="video",
+                    pooling="attention"),
+        MultiValued("seq_creator", "recent_creators", dim=16, max_len=length, table="creator",
+                    pooling="attention"),
+        MultiValued("seq_category", "recent_categories", dim=8, max_len=length,
+                    table="category", pooling="attention"),
+        MultiValued("seq_action", "recent_actions", dim=8, max_len=length, pooling="attention"),
+        Attention(
+            "interest",
+            keys=("seq_video", "seq_creator", "seq_category"),
+            queries=("video", "creator", "category"),
+            extras=("seq_action",),
+        ),
+    )
 
 
 def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
@@ -129,6 +191,7 @@ def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
             # Shares the video table: a watched video and a candidate video
             # are the same row, so history pooling speaks the video's language.
             MultiValued("history", "history_videos", dim=16, max_len=history_len, table="video"),
+            *sequence_columns(history_len),
             Crossed("user_x_category", ("user", "category")),
             Crossed("user_x_creator", ("user", "creator")),
             Crossed("video_x_device", ("video", "device")),
@@ -145,5 +208,6 @@ def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
             Dense("history_length", "history_length_log"),
             Dense("recency", "recency_log_hours"),
             *extra,
-        )
+        ),
+        history_len=history_len,
     )

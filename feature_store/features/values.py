@@ -174,9 +174,12 @@ class FeatureValues:
         table_keys, indices = batch.table_keys, batch.column_indices
         for j, table, name in layout.categorical_at:
             out[:, j] = table_keys[table][indices[name][rows]]
+        sequence = batch.sequence_rows()[rows]
         for slots, length, table, name in layout.multi_at:
             keys = np.append(table_keys[table], np.uint64(0))
-            at = indices[name][rows]
+            column = indices[name]
+            # A sequence column has one row per sequence: each row reads its own.
+            at = column[rows] if len(column) == batch.batch_size else column[sequence]
             out[:, slots] = keys[at]
             out[:, length] = (at < len(keys) - 1).sum(axis=1)
         out[:, layout.dense] = np.ascontiguousarray(batch.dense[rows]).view(np.uint32)

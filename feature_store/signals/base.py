@@ -106,8 +106,9 @@ def covisit_increments(
 ) -> dict[tuple[str, str], float]:
     """Pair weights ``(a, b) -> w`` from a batch; both directions are included.
 
-    ``histories`` are the users' recent watches *before* this batch, newest
-    first; without them only pairs within the batch are counted.
+    ``histories`` are the users' histories *before* this batch, newest first (their
+    positive entries are the recent watches paired); without them only pairs
+    within the batch are counted.
     """
     by_user: dict[str, list[Event]] = defaultdict(list)
     for event in events:
@@ -119,7 +120,9 @@ def covisit_increments(
         # A history read after the batch was applied already holds its videos;
         # leaving them out makes both orders of writers count each pair once.
         history = (histories or {}).get(user_id, ())
-        prior = [h.video_id for h in history if h.video_id not in in_batch][:window]
+        prior = [
+            h.video_id for h in history if h.positive and h.video_id not in in_batch
+        ][:window]
         for event in sorted(user_events, key=lambda e: e.ts):
             video = event.video_id
             for other in prior:

@@ -119,8 +119,9 @@ def test_rating_at_least_4_is_exactly_the_evaluations_positive_label() -> None:
     from feature_store.settings import FeatureSettings, TrainerSettings
     from trainer.labels import LabelPolicy
 
-    policy = LabelPolicy(TrainerSettings(**rating_label_settings()),
-                         FeatureSettings().positive_watch_ratio)
+    labels = rating_label_settings()
+    policy = LabelPolicy(TrainerSettings(**labels["trainer"]),
+                         FeatureSettings(**labels["features"]))
     for stars in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0):
         events = rating_events(Rating("1", "2", stars, 1_000_000_000_000), 0)
         weighted = [

@@ -23,7 +23,7 @@ from feature_store.activity import (
 from feature_store.constants import HISTORY
 from feature_store.errors import ConfigurationError, NotFound, StoreUnavailable
 from feature_store.settings import Settings
-from tests.factories import BASE_TS, make_event
+from tests.factories import BASE_TS, make_event, make_video
 from tests.services import free_port
 
 BACKENDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
@@ -113,42 +113,85 @@ def test_history_is_capped_at_history_length(backend: str, open_store: OpenActiv
     assert videos(store.history("u1")) == ["v9", "v4", "v3"]
 
 
-def test_only_plays_over_the_threshold_are_watched(store: ActivityStore) -> None:
+def test_plays_enter_as_watched_or_short_by_their_ratio(store: ActivityStore) -> None:
+    """From the positive ratio a play is watched; under the short ratio (a play, not a
+    progress beat) a rejection; between the two it says nothing."""
     store.record(
         [
-            watch("short", 0.49, 1_000),
+            watch("between", 0.49, 1_000),
             watch("exact", 0.5, 1_001),
             make_event(video_id="no-length", type="play", duration_ms=None, ts=1_002),
             make_event(video_id="catalog-length", duration_ms=None, watch_ms=40_000, ts=1_003),
             make_event(video_id="finished", type="finish", watch_ms=1, ts=1_004),
-            watch("progressed", 0.1, 1_005, type="progress"),
+            watch("progressed", 0.05, 1_005, type="progress"),
             watch("progressed", 0.6, 1_006, type="progress"),
+            watch("short", 0.05, 1_007),
         ],
-        durations_ms={"catalog-length": 50_000, "short": 1_000},
+        {"catalog-length": make_video(video_id="catalog-length", duration_ms=50_000)},
     )
 
-    history = {entry.video_id: entry.watch_ratio for entry in store.history("u1")}
-    assert history == {"exact": 0.5, "catalog-length": 0.8, "finished": 1.0, "progressed": 0.6}
+    history = {e.video_id: (e.action, e.watch_ratio) for e in store.history("u1")}
+    assert history == {
+        "exact": ("play", 0.5), "catalog-length": ("play", 0.8), "finished": ("finish", 1.0),
+        "progressed": ("play", 0.6), "short": ("short", 0.05),
+    }
+    assert [e.video_id for e in store.history("u1") if e.positive] == [
+        "progressed", "finished", "catalog-length", "exact"
+    ]
 
 
-def test_likes_and_shares_add_and_negative_signals_remove_nothing(store: ActivityStore) -> None:
-    store.record([watch("a", 0.5, 1_000)])
+def test_every_action_enters_and_the_stronger_one_stays(store: ActivityStore) -> None:
+    """Likes, shares, skips and dislikes enter; a video acted on again keeps the later
+    time, the best ratio and the stronger action (a dislike beats everything, a positive
+    beats a skip, a skip never demotes a watch)."""
+    store.record([watch("a", 0.5, 1_000), watch("b", 0.7, 1_001)])
     store.record(
         [
             make_event(video_id="liked", type="like", ts=2_000),
             make_event(video_id="shared", type="share", ts=3_000),
             make_event(video_id="a", type="skip", ts=4_000),
-            make_event(video_id="a", type="dislike", ts=4_001),
+            make_event(video_id="b", type="dislike", ts=4_001),
             make_event(video_id="seen", type="impression", ts=4_002),
             make_event(video_id="clicked", type="click", ts=4_003),
             make_event(video_id="skipped", type="skip", ts=4_004),
+            make_event(video_id="skipped", type="skip", ts=4_005),
         ]
     )
+    store.record([watch("skipped", 0.9, 5_000)])
 
-    assert [(e.video_id, e.watch_ratio, e.ts) for e in store.history("u1")] == [
-        ("shared", 1.0, 3_000),
-        ("liked", 1.0, 2_000),
-        ("a", 0.5, 1_000),
+    assert [(e.video_id, e.action, e.watch_ratio, e.ts) for e in store.history("u1")] == [
+        ("skipped", "play", 0.9, 5_000),
+        ("b", "dislike", 0.7, 4_001),
+        ("a", "play", 0.5, 4_000),
+        ("shared", "share", 1.0, 3_000),
+        ("liked", "like", 1.0, 2_000),
+    ]
+
+
+def test_entries_carry_the_creator_and_category_of_the_catalog(store: ActivityStore) -> None:
+    """What a sequence model reads of each entry without a catalog read per request; a
+    video the catalog did not know keeps what an earlier entry had."""
+    video = make_video(video_id="a", creator_id="c7", category="cars")
+    store.record([watch("a", 0.9, 1_000), watch("x", 0.9, 1_001)], {"a": video, "x": None})
+    store.record([make_event(video_id="a", type="like", ts=2_000)])
+
+    entries = {e.video_id: (e.creator_id, e.category) for e in store.history("u1")}
+    assert entries == {"a": ("c7", "cars"), "x": ("", "")}
+
+
+def test_entries_written_before_actions_read_as_watches(backend: str, open_store: OpenActivity,
+                                                       tmp_path: Path) -> None:
+    """Histories (Redis lists, snapshots) written as ``[video, ratio, ts]`` triples."""
+    directory = tmp_path / "old"
+    directory.mkdir()
+    (directory / "activity.jsonl").write_text(
+        '{"user_id": "u1", "history": [["v2", 0.9, 2000], ["v1", 1.0, 1000]]}\n'
+    )
+    store = open_store(backend)
+    store.restore(directory)
+
+    assert [(e.video_id, e.action, e.positive) for e in store.history("u1")] == [
+        ("v2", "play", True), ("v1", "play", True)
     ]
 
 

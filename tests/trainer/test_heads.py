@@ -21,7 +21,7 @@ import pytest
 from feature_store.catalog.base import Video
 from feature_store.events import Event, EventContext
 from feature_store.runtime import open_resources
-from feature_store.settings import Settings, TrainerSettings
+from feature_store.settings import FeatureSettings, Settings, TrainerSettings
 from tests.factories import BASE_TS, make_event
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.offline import OnlineReplay
@@ -35,7 +35,9 @@ Outcome = Callable[[np.random.Generator, int], tuple[bool, bool, float | None]]
 
 
 def policy() -> LabelPolicy:
-    return LabelPolicy(TrainerSettings(short_play_ratio=0.1), positive_watch_ratio=0.5)
+    return LabelPolicy(
+        TrainerSettings(), FeatureSettings(positive_watch_ratio=0.5, short_watch_ratio=0.1)
+    )
 
 
 def _observe(joiner: Joiner, events: list[Event]) -> list[Sample]:

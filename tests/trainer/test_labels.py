@@ -6,16 +6,18 @@ import numpy as np
 import pytest
 
 from feature_store.events import Event, EventContext
-from feature_store.settings import TrainerSettings
+from feature_store.settings import FeatureSettings, TrainerSettings
 from tests.factories import make_event
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 
-SETTINGS = TrainerSettings(short_play_ratio=0.1)
+SETTINGS = TrainerSettings()
 POSITIVE = 0.5
 
 
 def policy(settings: TrainerSettings = SETTINGS) -> LabelPolicy:
-    return LabelPolicy(settings, positive_watch_ratio=POSITIVE)
+    return LabelPolicy(
+        settings, FeatureSettings(positive_watch_ratio=POSITIVE, short_watch_ratio=0.1)
+    )
 
 
 def observe(joiner: Joiner, events: list[Event], partitions: list[int]) -> list[Sample]:

@@ -18,7 +18,6 @@ from trainer.offline import OnlineReplay, build_samples, train_offline
 
 MIN_TS = 946_684_800_000
 RATING_LABELS = {  # rating >= 4, one weighted sample per rating (app.evaluation.stream)
-    "short_play_ratio": 0.5,
     "sample_weights": {"finish": 0.0, "like": 0.0, "dislike": 0.0},
 }
 
@@ -27,6 +26,7 @@ def _settings(tmp: Path) -> Settings:
     return Settings(
         data_dir=tmp,
         event_log={"memory_partitions": 1},
+        features={"short_watch_ratio": 0.5},
         trainer={**RATING_LABELS, "batch_size": 128, "export_every_s": 0,
                  "checkpoint_every_s": 1e9},
     )

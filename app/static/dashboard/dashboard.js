@@ -322,9 +322,9 @@
     const user = $("user-id").value.trim(); if (!user) return;
     try {
       const u = await api(`/dashboard/api/users/${encodeURIComponent(user)}?count=12`);
-      $("user-summary").textContent = `model ${u.model_version || "none"}` + (u.fallback_reason ? ` · fallback: ${u.fallback_reason}` : "") + ` · ${u.history.length} recent watches`;
-      table($("user-history"), ["video", "category", "watched", "ago"], u.history.map((h) =>
-        `<tr><td>${esc(h.video_id)}</td><td>${esc(h.category)}</td><td>${pct(h.watch_ratio)}</td><td>${num(h.age_s, 0)} s</td></tr>`));
+      $("user-summary").textContent = `model ${u.model_version || "none"}` + (u.fallback_reason ? ` · fallback: ${u.fallback_reason}` : "") + ` · ${u.history.length} recent actions`;
+      table($("user-history"), ["video", "category", "action", "watched", "ago"], u.history.map((h) =>
+        `<tr><td>${esc(h.video_id)}</td><td>${esc(h.category)}</td><td>${esc(h.action)}</td><td>${pct(h.watch_ratio)}</td><td>${num(h.age_s, 0)} s</td></tr>`));
       table($("user-recs"), ["video", "category", "source", "score"], u.recommendations.map((r) =>
         `<tr><td>${esc(r.video_id)}</td><td>${esc(r.category)}</td><td><span class="tag">${esc(r.source)}</span></td><td>${num(r.score)}</td></tr>`));
     } catch (e) { if (e.message !== "unauthorized") $("user-summary").textContent = "failed: " + e.message; }
