@@ -28,13 +28,26 @@ counters this serving thread holds, :mod:`app.scoring.video_table`):
   ``m = rerank.prior_strength``, and its posterior after its own counters
   ``Beta(m * r_c + e, m * (1 - r_c) + n - e)``.
 
-**Outside the exploration budget** a new video without engagement scores
-the lower of the model's score and its posterior mean: what the network
-scores a row it never trained is no reason to rank the video above what the
-user's history supports, and an average new video's rate is no evidence
-that this user wants it. A new video *with* engagement keeps the model's
-score: the model has trained on those engagements, and its score is
-personal where the posterior is not.
+**Outside the exploration budget** a new video scores its posterior mean
+moved by **the user's lift**: how much more (or less) the model expects this
+user to engage than an anonymous user with no history, in the same context,
+as a log-odds difference. What the network scores a row it never trained is
+no reason to rank a video above what the user's history supports (three
+just-uploaded videos once scored 0.92 for every user: the anonymous user
+scored them 0.92 too, so their lift is 0 and they score their prior); but
+what the model reads of *this* user against the video's creator, category,
+tags and title (their recent actions attended by the candidate, their
+crosses) is personal, and a prior must not erase it: a new video of a
+category the user loves gets a positive lift, one of a category they skip a
+negative one. As the video's exposure ``n`` grows toward ``N`` the score
+moves linearly (in log-odds) from that personal prior to the model's own
+score, which by then has trained on the video::
+
+    w = n / N
+    logit(score) = (1 - w) * (logit(posterior mean) + lift) + w * logit(model)
+    lift = logit(model) - logit(model for an anonymous user)
+
+Without the anonymous score (a caller that cannot compute it) the lift is 0.
 
 **Inside the budget** (``rerank.exploration_budget`` of the slots, rounded
 at random so the average is exact), new videos uploaded within
@@ -50,7 +63,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +80,18 @@ _IMPRESSIONS = STAT_FIELDS.index("impressions")
 _ENGAGED = [STAT_FIELDS.index(name) for name in ("plays", "finishes", "likes", "shares")]
 
 Floats = npt.NDArray[np.float64]
+Reals = npt.NDArray[np.floating]
+"""Scores of any float width (the model's are float32)."""
+
+
+def logit(p: Reals) -> Floats:
+    """Log-odds of probabilities, clipped away from 0 and 1."""
+    q = np.clip(np.asarray(p, dtype=np.float64), 1e-6, 1 - 1e-6)
+    return np.log(q / (1 - q))
+
+
+def sigmoid(x: Floats) -> Floats:
+    return 1.0 / (1.0 + np.exp(-x))
 
 
 def exposure(stats: Floats) -> tuple[Floats, Floats]:
@@ -120,6 +145,9 @@ class NewVideos:
     fresh: npt.NDArray[np.bool_]
     """Uploaded within ``rerank.explore_max_age_s``: may take an exploration slot."""
 
+    exposure: Floats = field(default_factory=lambda: np.zeros(0))
+    """Exposure of each (``n``)."""
+
     @property
     def mean(self) -> Floats:
         return self.alpha / (self.alpha + self.beta)
@@ -168,7 +196,7 @@ class ColdStart:
         positions = np.flatnonzero(n < self.settings.new_video_impressions)
         if not len(positions):
             empty = np.zeros(0)
-            return NewVideos(positions, empty, empty, empty, np.zeros(0, dtype=np.bool_))
+            return NewVideos(positions, empty, empty, empty, np.zeros(0, dtype=np.bool_), empty)
         rates = self.rates(table)
         codes = table.category[rows[positions]]
         known = codes < len(rates.by_category)
@@ -177,7 +205,15 @@ class ColdStart:
         m = self.settings.prior_strength
         n, e = n[positions], e[positions]
         fresh = uploaded_ms[positions] >= now_ms - self.settings.explore_max_age_s * 1000
-        return NewVideos(positions, m * r + e, m * (1 - r) + (n - e), e, fresh)
+        return NewVideos(positions, m * r + e, m * (1 - r) + (n - e), e, fresh, n)
+
+    def blend(self, new: NewVideos, model: Reals, anonymous: Reals | None) -> Floats:
+        """The new videos' scores (see the module docstring): ``model`` and ``anonymous``
+        are the model's scores for this user and for an anonymous one, per new video."""
+        w = np.minimum(1.0, new.exposure / self.settings.new_video_impressions)
+        personal = logit(model)
+        lift = personal - logit(anonymous) if anonymous is not None else 0.0
+        return sigmoid((1.0 - w) * (logit(new.mean) + lift) + w * personal)
 
     def slots(self, count: int) -> int:
         """Exploration slots of a ``count``-item response: the budget's share, rounded at

@@ -7,8 +7,14 @@ page, reacts to it according to their hidden tastes, and the events go to
 the event log like a site backend's would. The trainer learns from them, the
 signal feed updates trending and co-visitation, and the next pages change.
 
-Every ``report_every_s`` the log shows the play rate of recommended videos
-over the last window: it rises as the model learns the tastes.
+Every ``report_every_s`` the log shows, over the last window, the play rate
+of recommended videos and the **personalisation figure**: the share of the
+recommended videos that lie in the user's own favourite categories (the
+three the simulated user's hidden tastes rate highest), beside the same
+share for what a popularity recommender shows that user (the current
+trending videos). A feed that follows each user rises well above the
+popularity share as the model learns the tastes; the dashboard shows both
+(:meth:`DemoTraffic.figures`).
 """
 
 from __future__ import annotations
@@ -34,8 +40,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEMO_CONFIG = WorldConfig(users=500, videos=3_000, creators=150, categories=16, seed=7)
+DEMO_CONFIG = WorldConfig(users=300, videos=1_500, creators=100, categories=12, seed=7)
+"""Small enough that the simulated users' tastes are learnt within minutes at the demo's
+traffic (each video is shown a few dozen times in the first five minutes)."""
 PAGE_SIZE = 8
+SESSIONS_PER_S = 20.0
+"""Feed pages asked for per second: about 250 events/s, a few percent of one core."""
 
 
 class DemoTraffic:
@@ -44,7 +54,7 @@ class DemoTraffic:
     def __init__(
         self,
         service: Service,
-        sessions_per_s: float = 5.0,
+        sessions_per_s: float = SESSIONS_PER_S,
         report_every_s: float = 30.0,
         config: WorldConfig = DEMO_CONFIG,
     ) -> None:
@@ -55,8 +65,10 @@ class DemoTraffic:
         self.run_id = uuid.uuid4().hex[:8]
         self.rng = np.random.default_rng()
         self.sessions = 0
-        self.shown = 0
-        self.played = 0
+        self.window = DemoWindow()
+        """Figures of the current report window."""
+        self.last = DemoWindow()
+        """Figures of the last complete window (what the dashboard shows)."""
         self._worker = Worker("vidrec-demo", self._loop)
 
     def seed_catalog(self) -> int:
@@ -102,9 +114,30 @@ class DemoTraffic:
         ]
         self.service.resources.event_log.produce(events)
         self.sessions += 1
-        self.shown += len(shown)
-        self.played += sum(1 for e in events if e.type == EventType.PLAY)
+        self.window.count(
+            shown,
+            sum(1 for e in events if e.type == EventType.PLAY),
+            self.favourites(user),
+            self.popular_categories(),
+            world,
+        )
         return events
+
+    def favourites(self, user: int, top: int = 3) -> set[int]:
+        """The ``top`` categories ``user``'s hidden tastes rate highest."""
+        return set(np.argsort(-self.world.user_taste[user])[:top].tolist())
+
+    def popular_categories(self) -> list[int]:
+        """Categories of what a popularity recommender shows now: the trending page."""
+        world = self.world
+        ids = [v for v, _ in self.service.signals.trending(4 * PAGE_SIZE)]
+        index = [world.video_index(v) for v in ids if v[1:].isdigit()]
+        known = [i for i in index if i < world.config.videos][:PAGE_SIZE]
+        return [int(world.video_category[i]) for i in known]
+
+    def figures(self) -> dict[str, float | int | None]:
+        """The last complete window's figures (the dashboard's demo tiles)."""
+        return {"sessions": self.sessions, **self.last.figures()}
 
     def _loop(self, stop: threading.Event) -> None:
         last_report = time.monotonic()
@@ -115,13 +148,14 @@ class DemoTraffic:
                 log.warning("demo session failed: %s", exc)
             if time.monotonic() - last_report >= self.report_every_s:
                 model = self.service.model
+                self.last, self.window = self.window, DemoWindow()
+                f = self.last.figures()
                 log.info(
-                    "demo: %d sessions, play rate of recommended videos %.3f (model %s)",
-                    self.sessions,
-                    self.played / max(1, self.shown),
-                    model.version if model else None,
+                    "demo: %d sessions, play rate of recommended videos %s, in the user's "
+                    "favourite categories %s (popularity %s) (model %s)",
+                    self.sessions, _share(f["play_rate"]), _share(f["favourite_share"]),
+                    _share(f["popular_favourite_share"]), model.version if model else None,
                 )
-                self.shown = self.played = 0
                 last_report = time.monotonic()
 
     def start(self) -> None:
@@ -134,12 +168,52 @@ class DemoTraffic:
         self._worker.stop()
 
 
+class DemoWindow:
+    """Counts of one report window: videos shown, played, in the user's favourites."""
+
+    def __init__(self) -> None:
+        self.shown = self.played = self.favourite = 0
+        self.popular_shown = self.popular_favourite = 0
+
+    def count(
+        self,
+        shown: list[int],
+        played: int,
+        favourites: set[int],
+        popular: list[int],
+        world: SyntheticWorld,
+    ) -> None:
+        """One session: the videos ``shown`` (world indices), how many were played, the
+        user's favourite categories and the categories of the popularity page."""
+        self.shown += len(shown)
+        self.played += played
+        self.favourite += sum(int(world.video_category[v]) in favourites for v in shown)
+        self.popular_shown += len(popular)
+        self.popular_favourite += sum(c in favourites for c in popular)
+
+    def figures(self) -> dict[str, float | None]:
+        """Shares in [0, 1] (None before anything was shown)."""
+        return {
+            "play_rate": self.played / self.shown if self.shown else None,
+            "favourite_share": self.favourite / self.shown if self.shown else None,
+            "popular_favourite_share": (
+                self.popular_favourite / self.popular_shown if self.popular_shown else None
+            ),
+        }
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 @contextmanager
 def demo_traffic(service: Service) -> Iterator[DemoTraffic]:
     """Run :class:`DemoTraffic` for the app's lifetime."""
     demo = DemoTraffic(service)
     demo.start()
+    service.demo = demo
     try:
         yield demo
     finally:
+        service.demo = None
         demo.close()

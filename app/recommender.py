@@ -242,10 +242,18 @@ class Recommender:
             self.settings.covisit_weight,
         )
         ranked = None
+        model_scores = scores  # the served log keeps the model's own: its prequential AUC
         if self.rerank is not None and len(ids):
+            fusion = assigned.fusion if assigned is not None else None
+
+            def anonymous(positions: np.ndarray) -> np.ndarray:
+                return self.scorer.anonymous_scores(
+                    model, now_ms, request.context, rows[positions], fusion
+                )
+
             scores, ranked = self.rerank.rerank(
                 request.user_id, now_ms, history, request.exclude_served, ids,
-                self.scorer.extractor.table, rows, scores, count, bonus,
+                self.scorer.extractor.table, rows, scores, count, bonus, anonymous,
             )
         response, order = self._respond(
             ids, sources, scores, count, model.version, reason, arm=assigned,
@@ -254,7 +262,7 @@ class Recommender:
         if self.served_log is not None and features is not None:
             self.served_log.record(Served(
                 response.recommendation_id, request.user_id, now_ms, model.version,
-                request.context, ids, sources, scores, order, features,
+                request.context, ids, sources, model_scores, order, features,
                 assigned.tag if assigned is not None else None,
             ))
         return response

@@ -9,8 +9,10 @@ One call per model-ranked request (:meth:`Reranker.rerank`), after scoring:
    ``rerank.served_window_s`` that got no engagement are dropped too (an
    entry whose video the user's history holds at or after the served time
    counts as engaged, whatever order the two arrived in).
-2. **Cold start** (:mod:`app.cold_start`): a new video without engagement
-   has its score capped by its calibrated posterior mean.
+2. **Cold start** (:mod:`app.cold_start`): a new video scores its calibrated
+   posterior mean moved by the user's lift (the model's score for this user
+   against an anonymous one's), blending into the model's score as its
+   exposure grows.
 3. **Creator demotion**: a video whose creator the user disliked has its
    score multiplied by ``1 - penalty * 2**(-age / half_life)`` (age since the
    user's latest dislike of that creator): bounded, and fading.
@@ -29,7 +31,7 @@ served log records too).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +45,10 @@ from feature_store.settings import RerankSettings
 from feature_store.signals.feedback.base import FeedbackView, UserFeedback
 
 Scores = npt.NDArray[np.float32]
+
+AnonymousScores = Callable[[Indices], npt.NDArray[np.float32]]
+"""The model's scores of the given candidate positions for an anonymous user (no id, no
+history) in the request's context."""
 
 
 class RowFacts:
@@ -178,11 +184,14 @@ class Reranker:
         scores: Scores,
         count: int,
         bonus: npt.NDArray[np.float64] | None = None,
+        anonymous: AnonymousScores | None = None,
     ) -> tuple[Scores, Indices | None]:
         """Reranked scores, and the response's rows in ``video_ids`` best first (None: the
         plain top ``count`` by the ranking of the scores returned, nothing was excluded or
         capped). ``bonus``: what the ranking adds to the log of a score
-        (:func:`app.scoring.ranking.ranking_bonus`); merit is ``log score + bonus``."""
+        (:func:`app.scoring.ranking.ranking_bonus`); merit is ``log score + bonus``.
+        ``anonymous``: the model's scores of candidate positions for an anonymous user
+        (asked for the new videos only; None: no lift, see :mod:`app.cold_start`)."""
         s = self.settings
         view = self.feedback.read(user_id, now_ms)
         served = s.exclude_served if exclude_served is None else exclude_served
@@ -192,8 +201,8 @@ class Reranker:
         new = self.cold_start.new_videos(table, rows, uploaded, now_ms)
         out = scores.astype(np.float64)
         if len(new.positions):
-            cold = new.positions[new.engaged == 0]
-            out[cold] = np.minimum(out[cold], new.mean[new.engaged == 0])
+            reference = anonymous(new.positions) if anonymous is not None else None
+            out[new.positions] = self.cold_start.blend(new, out[new.positions], reference)
         creators: list[int] = []
         factor = None
         if view.disliked_creators or s.max_per_creator:

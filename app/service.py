@@ -55,6 +55,14 @@ class TrainerView(Protocol):
         ...
 
 
+class DemoView(Protocol):
+    """What the dashboard shows of the demo's simulated users (``app/demo.py``)."""
+
+    def figures(self) -> dict[str, float | int | None]:
+        """Sessions, play rate and the personalisation figure of the last window."""
+        ...
+
+
 class RetrainFamilyView(Protocol):
     """One retrain family, as the dashboard shows it."""
 
@@ -104,6 +112,8 @@ class Service:
     while it runs; None when the trainer is a separate process (its heartbeat is read)."""
     retrain: RetrainView | None = None
     """That trainer's retrain families, set with it."""
+    demo: DemoView | None = None
+    """The demo's simulated users (``vidrec up --demo``), set while they run."""
     started_at: float = field(default_factory=time.time)
 
     @property

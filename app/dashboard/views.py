@@ -149,6 +149,7 @@ def serving(service: Service, sampler: Sampler, since_ms: int) -> dict[str, Any]
                 for stage in STAGES
             ],
             "latest": {k: v for k, v in latest.items() if not k.startswith("p")},
+            "demo": service.demo.figures() if service.demo is not None else None,
             "points": [
                 {k: p.get(k) for k in (
                     "ts_ms", "requests_per_s", "events_per_s", "fallback_rate",

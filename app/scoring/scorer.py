@@ -38,6 +38,10 @@ StageObserver = Callable[[str, float], None]
 
 WARMUP_TS_MS = 1_700_000_000_000
 
+ANONYMOUS = "~anonymous"
+"""The user id of :meth:`Scorer.anonymous_scores`: outside the id charset (``~``), so no
+real user's events ever train its row."""
+
 _EVERY_HEAD = Fusion.of({h: 1.0 for h in model_io.HEADS})
 """A fusion that reads every output (the warm-up runs them all)."""
 
@@ -157,6 +161,23 @@ class Scorer:
         batch = self.extractor.extract_rows(user_id, ts_ms, context, history, rows)
         return self._pull_and_run(model, batch, t0, fusion), batch
 
+    def anonymous_scores(
+        self,
+        model: LoadedModel,
+        ts_ms: int,
+        context: EventContext,
+        rows: Indices,
+        fusion: Fusion | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """What ``model`` scores the videos of ``rows`` for an anonymous user: no id (an
+        untrained user row, zeros), no history, the request's context. The cold start's
+        reference (:mod:`app.cold_start`): a user's score above it is what the model
+        reads of that user."""
+        if not len(rows):
+            return np.zeros(0, dtype=np.float32)
+        batch = self.extractor.extract_rows(ANONYMOUS, ts_ms, context, (), rows)
+        return self._pull_and_run(model, batch, time.perf_counter(), fusion, stages=False)
+
     def score(
         self,
         model: LoadedModel,
@@ -175,17 +196,24 @@ class Scorer:
         return self._pull_and_run(model, batch, t0)
 
     def _pull_and_run(
-        self, model: LoadedModel, batch: BatchFeatures, t0: float, fusion: Fusion | None = None
+        self,
+        model: LoadedModel,
+        batch: BatchFeatures,
+        t0: float,
+        fusion: Fusion | None = None,
+        stages: bool = True,
     ) -> npt.NDArray[np.float32]:
-        """Pull and score ``batch``; observes the three stages (features from ``t0``)."""
+        """Pull and score ``batch``; observes the three stages (features from ``t0``)
+        unless ``stages`` is off (a second, smaller run of the same request)."""
         t1 = time.perf_counter()
         rows, wide = self.pull(batch, model)
         t2 = time.perf_counter()
         scores = self.run(model, batch, rows, wide, fusion)
         t3 = time.perf_counter()
-        self.observe("features", t1 - t0)
-        self.observe("pull", t2 - t1)
-        self.observe("onnx", t3 - t2)
+        if stages:
+            self.observe("features", t1 - t0)
+            self.observe("pull", t2 - t1)
+            self.observe("onnx", t3 - t2)
         return scores
 
     def warm(self, model: LoadedModel, size: int) -> None:

@@ -155,6 +155,8 @@
       ["execution provider", (s.provider || "–").replace("ExecutionProvider", ""), "kpi-provider"],
       ["active model", s.version || "none", "kpi-served-version"],
       ["retrieval index", indexText(s.index), "kpi-index"],
+      ...(s.demo ? [["demo: favourite categories (popularity)", `${pct(s.demo.favourite_share)} (${pct(s.demo.popular_favourite_share)})`, "kpi-demo-personal"],
+                    ["demo: play rate", pct(s.demo.play_rate)]] : []),
     ]);
     table($("stage-table"), ["stage", "p50 ms", "p99 ms"], (s.stages || []).map((r) =>
       `<tr><td>${esc(r.stage === "onnx" ? "score (onnx)" : r.stage)}</td><td>${num(r.p50_ms, 2)}</td><td>${num(r.p99_ms, 2)}</td></tr>`));
