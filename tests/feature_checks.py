@@ -24,6 +24,8 @@ def resolved(batch: BatchFeatures, schema: FeatureSchema) -> dict[str, npt.NDArr
     for col in schema.embedded:
         keys = batch.table_keys[col.table_name()]
         indices = batch.column_indices[col.name]
+        if len(indices) != batch.batch_size:  # a sequence: one row per distinct user
+            indices = indices[batch.sequence_rows()]
         assert indices.min(initial=0) >= 0 and indices.max(initial=0) <= len(keys)
         out[col.name] = np.append(keys, PADDING)[indices]  # index len(keys) is the padding
     out["wide"] = batch.wide_keys[batch.wide_indices]

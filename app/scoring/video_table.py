@@ -190,6 +190,9 @@ class VideoTable:
         self.category = np.zeros(capacity, dtype=np.int32)
         """Category code (:attr:`category_code`), for the request's category filter."""
         self.category_code: dict[str, int] = {}
+        self.creator = np.zeros(capacity, dtype=np.int32)
+        """Creator code (:attr:`creator_code`), for the user's affinity to it."""
+        self.creator_code: dict[str, int] = {}
         self.stats = np.zeros((capacity, len(STAT_FIELDS)), dtype=np.float64)
         self.dense = np.zeros((capacity, self.n_dense), dtype=np.float32)
         self.record_until = np.full(capacity, -math.inf)
@@ -200,7 +203,8 @@ class VideoTable:
             return np.concatenate([array, np.full_like(array, fill)])
 
         for name in (
-            "categorical", "codes", "numbers", "duration", "hidden", "category", "stats", "dense"
+            "categorical", "codes", "numbers", "duration", "hidden", "category", "creator",
+            "stats", "dense",
         ):
             setattr(self, name, doubled(getattr(self, name)))
         self.record_until = doubled(self.record_until, -math.inf)
@@ -231,6 +235,7 @@ class VideoTable:
         self.duration[row] = video.duration_ms
         self.hidden[row] = video.hidden
         self.category[row] = self.category_code.setdefault(video.category, len(self.category_code))
+        self.creator[row] = self.creator_code.setdefault(video.creator_id, len(self.creator_code))
         for n, keys in multi.items():
             coder = self.multi_coders[n]
             self.multi[n][row, : len(keys)] = keys

@@ -7,6 +7,7 @@ multi-valued ones in ``columns``, the dense ones in ``dense``).
 from feature_store.features.batch import BatchFeatures
 from feature_store.features.columns import (
     MISSING,
+    Attention,
     Categorical,
     Column,
     Crossed,
@@ -23,6 +24,7 @@ from feature_store.features.values import FeatureValues, ValueLayout, layout_of
 __all__ = [
     "MISSING",
     "WIDE_TABLE",
+    "Attention",
     "BatchFeatures",
     "Categorical",
     "Column",

@@ -9,6 +9,7 @@ and hours, smoothed rates in 0..1) so the MLP needs no normalisation layer.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.activity.base import VideoStats
+from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.features.sources import SOURCES, Scope, source
 
 if TYPE_CHECKING:
@@ -32,6 +33,12 @@ STAT_FIELDS = (
 """The :class:`VideoStats` fields dense features read, in ``DenseInputs.stats`` column order."""
 _stat_row = attrgetter(*STAT_FIELDS)
 _S = {name: j for j, name in enumerate(STAT_FIELDS)}
+
+AFFINITY_FIELDS = ("category_engaged", "category_rejected", "creator_engaged", "creator_rejected")
+"""Counts behind :attr:`~feature_store.features.sources.Scope.AFFINITY`, the columns of
+``DenseInputs.affinity``: the user's positive and negative history entries (of the
+entries the model reads) of the candidate's category, then of its creator."""
+_A = {name: j for j, name in enumerate(AFFINITY_FIELDS)}
 
 NEVER_SEEN_RECENCY = 10.0
 """``recency_log_hours`` of a video without events (about 2.5 years in log-hours)."""
@@ -54,9 +61,16 @@ class DenseInputs:
     """(B, len(STAT_FIELDS)) the video's counters."""
     history_len: Floats
     """(B,) entries in the user's history."""
+    affinity: Floats | None = None
+    """(B, len(AFFINITY_FIELDS)) counts (None: no source reads them, or a row cache that
+    holds only per-video values)."""
 
     def stat(self, name: str) -> Floats:
         return self.stats[:, _S[name]]
+
+    def affinities(self, name: str) -> Floats:
+        assert self.affinity is not None, "DenseInputs built without the affinity counts"
+        return self.affinity[:, _A[name]]
 
     def field(self, name: str) -> Floats:
         return self.fields[name]
@@ -70,8 +84,46 @@ def stats_matrix(stats: Sequence[VideoStats]) -> Floats:
     )
 
 
-def inputs_from_rows(rows: Sequence[FeatureRow], fields: Sequence[str]) -> DenseInputs:
-    """:class:`DenseInputs` of ``rows`` with the catalog ``fields`` dense sources read."""
+def history_counts(
+    history: Sequence[HistoryEntry],
+) -> tuple[Counter[str], Counter[str], Counter[str], Counter[str]]:
+    """Positive and negative entries per category, then per creator (the affinity's counts
+    for one history; an entry without a category or creator counts for none)."""
+    engaged, rejected = Counter[str](), Counter[str]()
+    by_creator, against_creator = Counter[str](), Counter[str]()
+    for entry in history:
+        if entry.positive:
+            engaged[entry.category] += 1
+            by_creator[entry.creator_id] += 1
+        else:
+            rejected[entry.category] += 1
+            against_creator[entry.creator_id] += 1
+    for counts in (engaged, rejected, by_creator, against_creator):
+        counts.pop("", None)
+    return engaged, rejected, by_creator, against_creator
+
+
+def affinity_of_rows(rows: Sequence[FeatureRow]) -> Floats:
+    """(B, len(AFFINITY_FIELDS)) affinity counts of each row's video in its user's history
+    (counted once per distinct history: the rows of one user in a batch share it)."""
+    out = np.zeros((len(rows), len(AFFINITY_FIELDS)))
+    counted: dict[int, tuple[Counter[str], ...]] = {}
+    for i, row in enumerate(rows):
+        if row.video is None or not row.history:
+            continue
+        counts = counted.get(id(row.history))
+        if counts is None:
+            counts = counted[id(row.history)] = history_counts(row.history)
+        category, creator = row.video.category, row.video.creator_id
+        out[i] = (counts[0][category], counts[1][category], counts[2][creator], counts[3][creator])
+    return out
+
+
+def inputs_from_rows(
+    rows: Sequence[FeatureRow], fields: Sequence[str], affinity: bool = False
+) -> DenseInputs:
+    """:class:`DenseInputs` of ``rows`` with the catalog ``fields`` dense sources read (and
+    the affinity counts when ``affinity``)."""
     nan = float("nan")
     n = len(rows)
     return DenseInputs(
@@ -84,6 +136,7 @@ def inputs_from_rows(rows: Sequence[FeatureRow], fields: Sequence[str]) -> Dense
         },
         stats=stats_matrix([r.stats for r in rows]),
         history_len=np.fromiter((len(r.history) for r in rows), np.float64, n),
+        affinity=affinity_of_rows(rows) if affinity else None,
     )
 
 
@@ -140,6 +193,34 @@ def _history_length(x: DenseInputs) -> Floats:
 def _recency(x: DenseInputs) -> Floats:
     last = x.stat("last_ts")
     return np.where(last > 0, _log_hours_since(last, x.ts_ms), NEVER_SEEN_RECENCY)
+
+
+_AF = (Scope.AFFINITY,)
+
+
+@source("category_engaged_log", "dense", _AF)
+def _category_engaged(x: DenseInputs) -> Floats:
+    return np.log1p(x.affinities("category_engaged"))
+
+
+@source("category_rejected_log", "dense", _AF)
+def _category_rejected(x: DenseInputs) -> Floats:
+    return np.log1p(x.affinities("category_rejected"))
+
+
+@source("creator_engaged_log", "dense", _AF)
+def _creator_engaged(x: DenseInputs) -> Floats:
+    return np.log1p(x.affinities("creator_engaged"))
+
+
+@source("creator_rejected_log", "dense", _AF)
+def _creator_rejected(x: DenseInputs) -> Floats:
+    return np.log1p(x.affinities("creator_rejected"))
+
+
+def reads_affinity(columns: Sequence[Dense]) -> bool:
+    """Whether any of ``columns`` reads the affinity counts."""
+    return any(Scope.AFFINITY in SOURCES[c.source].reads for c in columns)
 
 
 def dense_matrix(columns: Sequence[Dense], inputs: DenseInputs) -> npt.NDArray[np.float32]:

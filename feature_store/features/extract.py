@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.features.columns import Categorical, FeatureRow
-from feature_store.features.dense import dense_matrix, inputs_from_rows
+from feature_store.features.dense import dense_matrix, inputs_from_rows, reads_affinity
 from feature_store.features.keys import KeyHasher, Keys
 from feature_store.features.schema import FeatureSchema
 from feature_store.features.sources import SOURCES, dense_fields
@@ -40,6 +40,7 @@ class FeatureExtractor:
         self.layout = layout_of(schema)
         self._hashers: dict[str, KeyHasher] = {}
         self._dense_fields = dense_fields(schema)
+        self._affinity = reads_affinity(schema.dense)
 
     def _hasher(self, space: str) -> KeyHasher:
         hasher = self._hashers.get(space)
@@ -66,7 +67,8 @@ class FeatureExtractor:
             lengths = np.fromiter(map(len, lists), np.int64, batch)
             flat = list(chain.from_iterable(lists))
             multi[multi_col.name] = (self._hasher(multi_col.space()).hash_many(flat), lengths)
-        dense = dense_matrix(schema.dense, inputs_from_rows(rows, self._dense_fields))
+        inputs = inputs_from_rows(rows, self._dense_fields, self._affinity)
+        dense = dense_matrix(schema.dense, inputs)
         return FeatureValues.pack(self.layout, categorical, multi, dense)
 
     def extract(self, rows: list[FeatureRow]) -> BatchFeatures:

@@ -68,10 +68,17 @@ class Scope(StrEnum):
     """The video's catalog record: only the fields the source declares."""
     VIDEO_STATS = "video_stats"
     """The video's counters (impressions, plays, likes...)."""
+    AFFINITY = "affinity"
+    """What the user's recent actions (the history the model reads) say about the
+    video's category and creator: counts of positive and negative entries of the same
+    category, of the same creator (:data:`~feature_store.features.dense.AFFINITY_FIELDS`).
+    Dense sources only; the extractors count them (per user, not per candidate)."""
 
 
 VIDEO_SCOPES = frozenset({Scope.VIDEO, Scope.VIDEO_STATS})
 REQUEST_SCOPES = frozenset({Scope.REQUEST, Scope.USER})
+AFFINITY_FIELDS_READ = ("category", "creator_id")
+"""The catalog fields behind :attr:`Scope.AFFINITY` (part of the video rows' fingerprint)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ class Source:
     @property
     def per_request(self) -> bool:
         """Reads nothing of the video: one value serves every candidate of a request."""
-        return not self.reads & VIDEO_SCOPES
+        return not self.reads & (VIDEO_SCOPES | {Scope.AFFINITY})
 
     @property
     def per_video(self) -> bool:
@@ -130,6 +137,8 @@ def source(
         raise ConfigurationError(
             f"source {name!r}: declare the catalog fields read exactly when it reads the video"
         )
+    if kind != "dense" and Scope.AFFINITY in scopes:
+        raise ConfigurationError(f"source {name!r}: only dense sources read the affinity")
     if kind != "dense" and not (scopes <= REQUEST_SCOPES or scopes == {Scope.VIDEO}):
         raise ConfigurationError(
             f"source {name!r}: a {kind} source reads the request and user, or the video's "
@@ -178,7 +187,10 @@ def video_fields(schema: FeatureSchema) -> tuple[str, ...]:
         *schema.categorical, *schema.multi_valued, *schema.dense
     ]
     for col in columns:
-        out.update(dict.fromkeys(SOURCES[col.source].fields))
+        declared = SOURCES[col.source]
+        out.update(dict.fromkeys(declared.fields))
+        if Scope.AFFINITY in declared.reads:
+            out.update(dict.fromkeys(AFFINITY_FIELDS_READ))
     return tuple(out)
 
 

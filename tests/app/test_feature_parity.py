@@ -28,6 +28,7 @@ from feature_store.eventlog.streams import stream_spec
 from feature_store.events import Event, EventContext
 from feature_store.features import (
     SOURCES,
+    Attention,
     Categorical,
     Crossed,
     Dense,
@@ -64,6 +65,15 @@ def random_schema(rng: np.random.Generator) -> FeatureSchema:
     columns.append(MultiValued("m_tags", "tags", dim=3, max_len=int(rng.integers(1, 6))))
     columns.append(MultiValued("m_history", "history_videos", dim=2,
                                max_len=int(rng.integers(1, 9)), table="video"))
+    if rng.random() < 0.7:  # the recent actions, attended by the candidate
+        length = int(rng.integers(1, 9))
+        sequence = [("s_video", "recent_videos", "video"), ("s_creator", "recent_creators", ""),
+                    ("s_category", "recent_categories", ""), ("s_action", "recent_actions", "")]
+        for name, source, table in sequence:
+            columns.append(MultiValued(name, source, dim=2, max_len=length, table=table,
+                                       pooling="attention"))
+        columns.append(Attention("interest", keys=("s_video",), queries=("c_video_id",),
+                                 extras=("s_creator", "s_category", "s_action"), width=4))
     for k in range(3):
         parts = rng.choice(names, size=int(rng.integers(2, 4)), replace=False).tolist()
         columns.append(Crossed(f"x{k}", tuple(parts)))
@@ -76,7 +86,9 @@ def random_schema(rng: np.random.Generator) -> FeatureSchema:
         if isinstance(c, Categorical) and c.table == "video" else c
         for c in columns
     ]
-    return FeatureSchema(columns=tuple(fixed))  # type: ignore[arg-type]
+    return FeatureSchema(  # type: ignore[arg-type]
+        columns=tuple(fixed), history_len=int(rng.integers(1, 15))
+    )
 
 
 def random_world(
@@ -101,9 +113,13 @@ def random_world(
                    last_ts=int(TS - rng.integers(0, 10**9)) if rng.random() < 0.8 else 0)
         for _ in range(n)
     ]
+    actions = ["play", "finish", "like", "share", "skip", "short", "dislike"]
     history = [
-        HistoryEntry(video_id=f"v{int(rng.integers(0, 2 * n))}", watch_ratio=1.0, ts=TS - k)
-        for k in range(int(rng.integers(0, 12)))
+        HistoryEntry(video_id=f"v{int(rng.integers(0, 2 * n))}", watch_ratio=1.0,
+                     ts=TS - int(rng.integers(0, 10**8)), action=str(rng.choice(actions)),
+                     creator_id=f"c{rng.integers(0, 7)}" if rng.random() < 0.9 else "",
+                     category=f"k{rng.integers(0, 5)}" if rng.random() < 0.9 else "")
+        for k in range(int(rng.integers(0, 20)))
     ]
     fields = {"device": "tv", "os": "ios", "country": "FR", "surface": "home",
               "age_group": "25-34", "gender": "f", "occupation": "chef"}
@@ -119,7 +135,8 @@ def test_both_extractors_agree_on_random_schemas(seed: int) -> None:
     rng = np.random.default_rng(seed)
     schema = random_schema(rng)
     videos, stats, history, context = random_world(rng)
-    rows = [FeatureRow("u1", v.video_id, TS, v, context, tuple(history), s)
+    model_history = tuple(history[: schema.history_len])  # what the trainer's moments hold
+    rows = [FeatureRow("u1", v.video_id, TS, v, context, model_history, s)
             for v, s in zip(videos, stats, strict=True)]
     trainer = FeatureExtractor(schema)
     serving = RequestFeatureExtractor(schema)
@@ -133,7 +150,7 @@ def test_every_declared_source_is_in_some_random_schema() -> None:
     used = set()
     for seed in SEEDS:
         schema = random_schema(np.random.default_rng(seed))
-        used |= {c.source for c in schema.columns if not isinstance(c, Crossed)}
+        used |= {c.source for c in schema.columns if not isinstance(c, Crossed | Attention)}
     assert used == set(SOURCES)
 
 
@@ -173,7 +190,8 @@ def test_the_served_log_carries_the_values_scored(seed: int) -> None:
         for k in range(15)
     ]
     want = FeatureExtractor(schema).values([
-        FeatureRow("u1", videos[r].video_id, TS, videos[r], at, tuple(history), stats[r])
+        FeatureRow("u1", videos[r].video_id, TS, videos[r], at,
+                   tuple(history[: schema.history_len]), stats[r])
         for r, at in zip(order[:15].tolist(), shown_at, strict=True)
     ])
     np.testing.assert_array_equal(values, want.packed)

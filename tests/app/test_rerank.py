@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.cold_start import ColdStart, estimate
+from app.cold_start import DEFAULT_RATE, ColdStart, estimate
 from app.rerank import Reranker
 from app.scoring.video_table import VideoTable
 from feature_store.activity.base import HistoryEntry, VideoStats
@@ -209,15 +209,42 @@ def test_prior_is_young_videos_rate_shrunk_toward_the_category() -> None:
     assert new.mean[-1] == pytest.approx(r0)  # no counters of its own: the prior's mean
 
 
-def test_a_new_video_scores_its_posterior_mean_at_most() -> None:
+def test_a_new_video_the_model_scores_alike_for_everyone_scores_its_prior() -> None:
+    """What the network scores a row it never trained, for this user as for anyone, is
+    no evidence: the video gets its prior."""
     videos = [make_video(video_id="old"), make_video(video_id="new")]
     table, rows = table_of(videos, [established(), VideoStats()])
     rr = reranker(exploration_budget=0.0)
-    out, order = rr.rerank("u1", NOW, (), None, ["old", "new"], table, rows,
-                           np.array([0.5, 0.92], dtype=np.float32), 2)
+    scores = np.array([0.5, 0.92], dtype=np.float32)
+    out, order = rr.rerank("u1", NOW, (), None, ["old", "new"], table, rows, scores, 2,
+                           anonymous=lambda positions: scores[positions])
     assert order is None
     assert out[0] == pytest.approx(0.5)  # established: the model's score
     assert out[1] == pytest.approx(0.3)  # new: the prior (every video's rate here: 60/200)
+
+
+def test_the_users_own_signal_moves_a_new_video_off_its_prior() -> None:
+    """Two just-uploaded videos with the same prior: the model expects this user to
+    engage with one more than an anonymous user would (a category they love), with the
+    other less (one they skip). The prior keeps both near the category's rate but never
+    erases the difference, and the lift fades into the model's score with exposure."""
+    videos = [make_video(video_id="loved"), make_video(video_id="skipped")]
+    table, rows = table_of(videos, [VideoStats(), VideoStats()])
+    rr = reranker(exploration_budget=0.0)
+    user = np.array([0.6, 0.2], dtype=np.float32)
+    anonymous = np.array([0.4, 0.4], dtype=np.float32)
+    out, _ = rr.rerank("u1", NOW, (), None, ["loved", "skipped"], table, rows, user, 2,
+                       anonymous=lambda positions: anonymous[positions])
+    prior = DEFAULT_RATE  # no counters at all yet
+    assert out[0] > prior > out[1]
+    odds = (0.6 / 0.4) / (0.4 / 0.6)  # the user's lift, as an odds ratio
+    assert (out[0] / (1 - out[0])) / (prior / (1 - prior)) == pytest.approx(odds, rel=1e-4)
+
+    seen = [VideoStats(impressions=10, plays=2), VideoStats(impressions=20, plays=2)]
+    table, rows = table_of(videos, seen)  # half way to established, and established
+    out, _ = rr.rerank("u1", NOW, (), None, ["loved", "skipped"], table, rows, user, 2,
+                       anonymous=lambda positions: anonymous[positions])
+    assert out[1] == pytest.approx(0.2)  # 20 impressions: the model's own score
 
 
 # --- feedback ---------------------------------------------------------------------
@@ -310,7 +337,9 @@ def test_only_recent_uploads_take_exploration_slots() -> None:
     rr = reranker(exploration_budget=0.1, seed=6)
     picks = Counter()
     for _ in range(50):
-        ranked = run(rr, videos, table, rows, [0.5] * 32, count=10)
+        # The established videos score above what either new one's posterior reaches, so
+        # a new video in the page got there by an exploration slot.
+        ranked = run(rr, videos, table, rows, [0.7] * 30 + [0.5, 0.5], count=10)
         picks.update(v for v in ranked if v in ("unpopular", "fresh"))
     assert picks == {"fresh": 50}
 
