@@ -119,6 +119,13 @@ COVISIT = f"{REDIS_ROOT}:sig:covis:"
 """Sorted set of a video's co-visited neighbours: ``{COVISIT}{video_id}``."""
 CREATOR_VIDEOS = f"{REDIS_ROOT}:sig:creator:"
 """A creator's visible uploads by ``uploaded_at``: sorted set ``{CREATOR_VIDEOS}{creator_id}``."""
+CATEGORY_OF = f"{REDIS_ROOT}:sig:catof"
+"""Hash of each indexed visible video's category (what category trending is counted by)."""
+CATEGORY_TRENDING = f"{REDIS_ROOT}:sig:cattrend:"
+"""A category's videos by forward-decayed engagement, like :data:`TRENDING` and under its
+landmark: sorted set ``{CATEGORY_TRENDING}{category}``."""
+CATEGORIES = f"{REDIS_ROOT}:sig:categories"
+"""Set of the categories with a trending set (the rescale walks them)."""
 
 # --- per-user feedback (feature_store.signals.feedback) -------------------
 FEEDBACK_SERVED = f"{REDIS_ROOT}:sig:served:"

@@ -269,6 +269,8 @@ class ApiSettings(_Section):
     covisit_neighbors: int = Field(100, ge=1, le=10_000)
     """Neighbours kept per video in the co-visitation lists (strongest first)."""
     creator_videos: int = Field(50, ge=1, le=10_000)
+    category_videos: int = Field(200, ge=1, le=100_000)
+    """Trending videos kept per category (the categories candidate source's depth)."""
     """Newest uploads kept per creator for the creator candidate source."""
     retrieval_weight: float = Field(0.5, ge=0, le=100)
     """Weight of the two-tower affinity (cosine, -1..1) in the ranking score, in

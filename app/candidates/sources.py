@@ -1,63 +1,207 @@
-"""The candidate sources, each a function of what is known about the user.
+"""The candidate sources: each proposes videos for one request, from one signal.
 
-Each returns video ids, best first, at most ``limit``; the name of the source
-is what a response item's ``source`` says. They read only the shared signals
-(:mod:`feature_store.signals`) and the catalog, so every serving process sees
-the same candidates.
+A source (:class:`CandidateSource`) has a ``name`` (what a response item's
+``source`` says), says whether it is ``personal`` (it reads the user's
+history; a user without one is not asked) and proposes at most ``limit``
+video ids, best first, for a :class:`CandidateQuery`. Sources read the shared
+signals (:mod:`feature_store.signals`), the catalog, the history entries
+(which carry each watched video's creator and category) and the request's
+user vector, so every serving process sees the same candidates. How much of
+the pool each one fills is ``api.candidate_sources``
+(:mod:`app.candidates.retrieval`); a new source is a class here, its entry in
+:func:`build_sources` and a share in that setting.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
 
 from feature_store.activity.base import HistoryEntry, watched
 from feature_store.catalog.base import CatalogStore
+from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
 
 EMBEDDING = "embedding"
 """Nearest videos to the user's two-tower vector (``app/scoring/retrieval.py``)."""
+COVISIT = "covisit"
+"""Videos co-watched with the user's recent watches (updated online)."""
+CATEGORIES = "categories"
+"""What trends in the categories the user watched most."""
+CREATORS = "creators"
+"""Newest uploads of the creators the user watched most."""
 TRENDING = "trending"
 """Real-time trending: decayed engagement counts from the event stream."""
 FRESH = "fresh"
 """Newest visible uploads within the fresh window."""
-COVISIT = "covisit"
-"""Videos co-watched with the user's recent watches (updated online)."""
-CREATORS = "creators"
-"""Newest uploads of the creators the user watched most."""
 REQUEST = "request"
-"""Candidates the caller passed in."""
+"""Candidates the caller passed in (no source asked)."""
 
-CREATOR_HISTORY = 20
-"""Recent watches (positive entries) looked at to find the user's creators."""
+TASTE_HISTORY = 30
+"""Recent watches (positive entries) looked at to find the user's creators and categories."""
 TOP_CREATORS = 5
+TOP_CATEGORIES = 3
+
+Nearest = Callable[[int, Collection[str]], list[str]]
+"""``(k, exclude) -> ids``: the request's user vector's nearest videos, best first."""
 
 
-def trending(signals: CandidateSignals, limit: int) -> list[str]:
-    return [video for video, _ in signals.trending(limit)]
+@dataclass
+class CandidateQuery:
+    """What the sources know of one request."""
+
+    user_id: str
+    history: Sequence[HistoryEntry]
+    """Newest first: every action (:class:`~feature_store.activity.base.HistoryEntry`)."""
+    now_ms: int
+    exclude: Collection[str] = ()
+    """Videos the request excludes (seen), which a search can skip."""
+    nearest: Nearest | None = None
+    """The user vector's search (None: no towers, or no vector for this user)."""
+    covisits: list[tuple[str, float]] | None = field(default=None, repr=False)
+    """Co-visitation read once per request (the source and the ranking bonus share it)."""
+
+    @cached_property
+    def watched(self) -> list[HistoryEntry]:
+        """The positive entries (what the user valued), newest first."""
+        return watched(self.history)
 
 
-def fresh(catalog: CatalogStore, limit: int, since_ms: int) -> list[str]:
-    return [video.video_id for video in catalog.recent(limit, since_ms=since_ms)]
+@dataclass(frozen=True)
+class Proposal:
+    """A source's videos, best first, and their strengths where it has them."""
+
+    videos: list[str]
+    weights: list[float] | None = None
+    """Per video, the source's own strength (co-visitation counts), else None."""
 
 
-def covisited(
-    signals: CandidateSignals, history: Sequence[HistoryEntry], window: int, limit: int
-) -> list[tuple[str, float]]:
-    """Videos co-watched with the ``window`` most recent watches, with their counts."""
-    recent = [entry.video_id for entry in watched(history)[:window]]
-    return signals.covisited(recent, limit) if recent else []
+class CandidateSource(Protocol):
+    """One way of finding candidates (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def personal(self) -> bool:
+        """Reads the user's history or vector: not asked for a user without history."""
+        ...
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal: ...
 
 
-def creators(
-    signals: CandidateSignals,
-    catalog: CatalogStore,
-    history: Sequence[HistoryEntry],
-    limit: int,
-) -> list[str]:
-    recent = [entry.video_id for entry in watched(history)[:CREATOR_HISTORY]]
-    if not recent:
-        return []
-    counts = Counter(v.creator_id for v in catalog.get_many(recent) if v is not None)
-    top = [creator for creator, _ in counts.most_common(TOP_CREATORS)]
-    return signals.creator_videos(top, limit) if top else []
+@dataclass(frozen=True)
+class Embedding:
+    """The towers' nearest videos to the user vector."""
+
+    name: str = EMBEDDING
+    personal: bool = True
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        if query.nearest is None:
+            return Proposal([])
+        return Proposal(query.nearest(limit, query.exclude))
+
+
+@dataclass(frozen=True)
+class Covisit:
+    """Videos co-watched with the user's ``window`` most recent watches, with the counts."""
+
+    signals: CandidateSignals
+    window: int
+    name: str = COVISIT
+    personal: bool = True
+
+    def read(self, query: CandidateQuery, limit: int) -> list[tuple[str, float]]:
+        """The counts, read once per query (the ranking's bonus uses them too)."""
+        if query.covisits is None:
+            recent = [entry.video_id for entry in query.watched[: self.window]]
+            query.covisits = self.signals.covisited(recent, limit) if recent else []
+        return query.covisits
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        pairs = self.read(query, limit)[:limit]
+        return Proposal([v for v, _ in pairs], [w for _, w in pairs])
+
+
+@dataclass(frozen=True)
+class Creators:
+    """Newest uploads of the creators of the user's recent watches, most watched first."""
+
+    signals: CandidateSignals
+    catalog: CatalogStore
+    name: str = CREATORS
+    personal: bool = True
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        recent = query.watched[:TASTE_HISTORY]
+        creators = [e.creator_id for e in recent if e.creator_id]
+        unknown = [e.video_id for e in recent if not e.creator_id]  # entries from before
+        if unknown:
+            creators += [v.creator_id for v in self.catalog.get_many(unknown) if v is not None]
+        top = [creator for creator, _ in Counter(creators).most_common(TOP_CREATORS)]
+        return Proposal(self.signals.creator_videos(top, limit) if top else [])
+
+
+@dataclass(frozen=True)
+class Categories:
+    """What trends in the categories of the user's recent watches, most watched first."""
+
+    signals: CandidateSignals
+    name: str = CATEGORIES
+    personal: bool = True
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        counts = Counter(e.category for e in query.watched[:TASTE_HISTORY] if e.category)
+        top = [category for category, _ in counts.most_common(TOP_CATEGORIES)]
+        return Proposal(self.signals.category_videos(top, limit) if top else [])
+
+
+@dataclass(frozen=True)
+class Trending:
+    """Real-time trending, for everyone."""
+
+    signals: CandidateSignals
+    name: str = TRENDING
+    personal: bool = False
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        return Proposal([video for video, _ in self.signals.trending(limit)])
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """The newest visible uploads within ``window_s``, for everyone."""
+
+    catalog: CatalogStore
+    window_s: float
+    name: str = FRESH
+    personal: bool = False
+
+    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        since = query.now_ms - int(self.window_s * 1000)
+        return Proposal([v.video_id for v in self.catalog.recent(limit, since_ms=since)])
+
+
+def build_sources(
+    signals: CandidateSignals, catalog: CatalogStore, settings: ApiSettings
+) -> dict[str, CandidateSource]:
+    """Every source the service knows, by name (``api.candidate_sources`` picks and weighs)."""
+    sources: list[CandidateSource] = [
+        Embedding(),
+        Covisit(signals, settings.covisit_window),
+        Categories(signals),
+        Creators(signals, catalog),
+        Trending(signals),
+        Fresh(catalog, settings.fresh_window_s),
+    ]
+    return {source.name: source for source in sources}
+
+
+SOURCE_NAMES = (EMBEDDING, COVISIT, CATEGORIES, CREATORS, TRENDING, FRESH)
+"""The names :func:`build_sources` gives (what ``api.candidate_sources`` may name)."""
+PERSONAL = frozenset({EMBEDDING, COVISIT, CATEGORIES, CREATORS})
+"""The sources that need a history."""

@@ -14,7 +14,7 @@ every event twice); a deployment that prefers it to sets
 ``api.signal_feed = false``. The service calls
 :meth:`CandidateSignals.index_videos` on catalog writes. Readers never write.
 
-Three signals:
+Four signals:
 
 - **Trending**: forward-decayed engagement counts. An event of weight ``w`` at
   event time ``t`` adds ``w * 2**((t - landmark) / half_life)``; ranking by
@@ -25,6 +25,10 @@ Three signals:
   the user's ``window`` most recent watches (both directions); each video
   keeps its ``neighbors`` strongest partners.
 - **Creator uploads**: each creator's newest visible uploads.
+- **Category trending**: trending counted within each category (the category
+  of a video as :meth:`CandidateSignals.index_videos` last saw it), the
+  ``category_videos`` strongest kept per category: what is popular where a
+  user's tastes lie, for the categories candidate source.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class SignalParams:
     """Co-visited partners kept per video."""
     creator_videos: int = 50
     """Newest uploads kept per creator."""
+    category_videos: int = 200
+    """Strongest trending videos kept per category."""
     positive_watch_ratio: float = 0.5
     """A play counts as a positive engagement from this watch ratio
     (``features.positive_watch_ratio``)."""
@@ -163,7 +169,8 @@ class CandidateSignals(Protocol):
         ...
 
     def index_videos(self, videos: Sequence[Video]) -> None:
-        """Note uploads (and hides) for the creator source."""
+        """Note uploads (and hides) for the creator source, and each video's category for
+        category trending."""
         ...
 
     def trending(self, limit: int) -> list[tuple[str, float]]:
@@ -176,6 +183,10 @@ class CandidateSignals(Protocol):
 
     def creator_videos(self, creator_ids: Sequence[str], limit: int) -> list[str]:
         """Newest uploads of the creators, interleaved in the order given."""
+        ...
+
+    def category_videos(self, categories: Sequence[str], limit: int) -> list[str]:
+        """Each category's trending videos, strongest first, interleaved in the order given."""
         ...
 
     def ping(self) -> None:

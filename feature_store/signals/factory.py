@@ -21,6 +21,7 @@ def signal_params(settings: Settings) -> SignalParams:
         window=api.covisit_window,
         neighbors=api.covisit_neighbors,
         creator_videos=api.creator_videos,
+        category_videos=api.category_videos,
         positive_watch_ratio=settings.features.positive_watch_ratio,
     )
 

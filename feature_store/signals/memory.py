@@ -47,6 +47,8 @@ class MemorySignals:
         self._trend: dict[str, float] = defaultdict(float)
         self._covis: dict[str, dict[str, float]] = defaultdict(dict)
         self._creators: dict[str, dict[str, int]] = defaultdict(dict)
+        self._category_of: dict[str, str] = {}
+        self._category_trend: dict[str, dict[str, float]] = defaultdict(dict)
         self._top: list[tuple[str, float]] = []
         self._top_at = 0.0
 
@@ -66,10 +68,19 @@ class MemorySignals:
             if self._landmark_ms is None:
                 self._landmark_ms = min(e.ts for e in events)
             self._maybe_rescale(max(e.ts for e in events))
+            cap = self.params.category_videos
             for video, inc in trending_increments(
                 events, self._landmark_ms, self.params.half_life_s
             ).items():
                 self._trend[video] += inc
+                category = self._category_of.get(video)
+                if category is not None:
+                    scores = self._category_trend[category]
+                    scores[video] = scores.get(video, 0.0) + inc
+                    if len(scores) > 2 * cap:
+                        self._category_trend[category] = dict(
+                            heapq.nlargest(cap, scores.items(), key=_score)
+                        )
             touched = set()
             for (a, b), weight in pairs.items():
                 row = self._covis[a]
@@ -91,6 +102,9 @@ class MemorySignals:
             factor = 2.0**-shift
             for video in self._trend:
                 self._trend[video] *= factor
+            for scores in self._category_trend.values():
+                for video in scores:
+                    scores[video] *= factor
             self._landmark_ms += int(shift * half_life_ms)
 
     def index_videos(self, videos: Sequence[Video]) -> None:
@@ -98,9 +112,13 @@ class MemorySignals:
         with self._lock:
             for video in videos:
                 uploads = self._creators[video.creator_id]
+                before = self._category_of.pop(video.video_id, None)
+                if before is not None and before != video.category or video.hidden:
+                    self._category_trend.get(before or "", {}).pop(video.video_id, None)
                 if video.hidden:
                     uploads.pop(video.video_id, None)
                     continue
+                self._category_of[video.video_id] = video.category
                 uploads[video.video_id] = video.uploaded_at
                 if len(uploads) > 2 * cap:
                     keep = heapq.nlargest(cap, uploads.items(), key=_score)
@@ -132,6 +150,15 @@ class MemorySignals:
             ]
         return interleave(lists, limit)
 
+    def category_videos(self, categories: Sequence[str], limit: int) -> list[str]:
+        with self._lock:
+            lists = [
+                [v for v, _ in heapq.nlargest(limit, self._category_trend.get(c, {}).items(),
+                                              key=_score)]
+                for c in categories
+            ]
+        return interleave(lists, limit)
+
     def ping(self) -> None:
         return None
 
@@ -144,6 +171,7 @@ class MemorySignals:
                 "trend": dict(self._trend),
                 "covis": {k: dict(v) for k, v in self._covis.items()},
                 "creators": {k: dict(v) for k, v in self._creators.items()},
+                "category_trend": {k: dict(v) for k, v in self._category_trend.items()},
             }
         directory.mkdir(parents=True, exist_ok=True)
         atomic_json(directory / SNAPSHOT_FILE, data)
@@ -158,6 +186,7 @@ class MemorySignals:
             self._trend = defaultdict(float, data.get("trend", {}))
             self._covis = defaultdict(dict, data.get("covis", {}))
             self._creators = defaultdict(dict, data.get("creators", {}))
+            self._category_trend = defaultdict(dict, data.get("category_trend", {}))
             self._top_at = 0.0
 
     def close(self) -> None:

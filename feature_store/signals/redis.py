@@ -2,9 +2,11 @@
 
 Layout (keys in :mod:`feature_store.constants`): one sorted set for trending
 (plus its landmark), one sorted set of partners per video, one sorted set of
-uploads per creator. Writes are pipelined per batch, reads are one pipelined
-round trip. Increments are commutative (``ZINCRBY``), so several trainers may
-record concurrently; the rare rescale of the trending scores runs as a
+uploads per creator, one hash of each video's category and one trending
+sorted set per category (plus the set of those categories). Writes are
+pipelined per batch (category trending first reads the batch's categories:
+one more round trip), reads are one pipelined round trip. Increments are
+commutative (``ZINCRBY``), so several trainers may record concurrently; the rare rescale of the trending scores runs as a
 ``WATCH``/``MULTI`` transaction on the landmark so that it happens once.
 """
 
@@ -21,7 +23,15 @@ from redis.cluster import RedisCluster
 
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
-from feature_store.constants import COVISIT, CREATOR_VIDEOS, TRENDING, TRENDING_LANDMARK
+from feature_store.constants import (
+    CATEGORIES,
+    CATEGORY_OF,
+    CATEGORY_TRENDING,
+    COVISIT,
+    CREATOR_VIDEOS,
+    TRENDING,
+    TRENDING_LANDMARK,
+)
 from feature_store.errors import StoreUnavailable
 from feature_store.events import Event
 from feature_store.redis_errors import redis_errors
@@ -70,11 +80,21 @@ class RedisSignals:
         with signal_errors("record"):
             landmark = self._landmark(min(e.ts for e in events))
             landmark = self._maybe_rescale(landmark, max(e.ts for e in events))
+            increments = trending_increments(events, landmark, self.params.half_life_s)
+            videos = list(increments)
+            categories = self.client.hmget(CATEGORY_OF, videos) if videos else []
             pipe = self.client.pipeline(transaction=False)
-            for video, inc in trending_increments(
-                events, landmark, self.params.half_life_s
-            ).items():
-                pipe.zincrby(TRENDING, inc, video)
+            touched_categories: set[str] = set()
+            for video, category in zip(videos, categories, strict=True):
+                pipe.zincrby(TRENDING, increments[video], video)
+                if category is not None:
+                    key = CATEGORY_TRENDING + _text(category)
+                    pipe.zincrby(key, increments[video], video)
+                    touched_categories.add(key)
+            for key in touched_categories:
+                pipe.zremrangebyrank(key, 0, -(self.params.category_videos + 1))
+            if touched_categories:
+                pipe.sadd(CATEGORIES, *touched_categories)
             touched: set[str] = set()
             for (a, b), weight in pairs.items():
                 pipe.zincrby(COVISIT + a, weight, b)
@@ -99,8 +119,10 @@ class RedisSignals:
                 if int(pipe.get(TRENDING_LANDMARK) or landmark) != landmark:
                     pipe.unwatch()
                     return int(self.client.get(TRENDING_LANDMARK) or landmark)
+                keys = [_text(k) for k in self.client.smembers(CATEGORIES)]
                 pipe.multi()
-                pipe.zunionstore(TRENDING, {TRENDING: 2.0**-shift})
+                for key in (TRENDING, *keys):
+                    pipe.zunionstore(key, {key: 2.0**-shift})
                 pipe.set(TRENDING_LANDMARK, new_landmark)
                 pipe.execute()
             except redis.WatchError:
@@ -118,21 +140,28 @@ class RedisSignals:
         if previous is not None and int(previous) != landmark:
             self.client.set(TRENDING_LANDMARK, previous)  # someone else moved it: put it back
             return int(previous)
-        self.client.zunionstore(TRENDING, {TRENDING: 2.0**-shift})
+        for key in (TRENDING, *(_text(k) for k in self.client.smembers(CATEGORIES))):
+            self.client.zunionstore(key, {key: 2.0**-shift})
         return new_landmark
 
     def index_videos(self, videos: Sequence[Video]) -> None:
         if not videos:
             return
         with signal_errors("index_videos"):
+            ids = [video.video_id for video in videos]
+            before = self.client.hmget(CATEGORY_OF, ids)
             pipe = self.client.pipeline(transaction=False)
             creators: set[str] = set()
-            for video in videos:
+            for video, old in zip(videos, before, strict=True):
                 key = CREATOR_VIDEOS + video.creator_id
+                if old is not None and (video.hidden or _text(old) != video.category):
+                    pipe.zrem(CATEGORY_TRENDING + _text(old), video.video_id)
                 if video.hidden:
                     pipe.zrem(key, video.video_id)
+                    pipe.hdel(CATEGORY_OF, video.video_id)
                 else:
                     pipe.zadd(key, {video.video_id: video.uploaded_at})
+                    pipe.hset(CATEGORY_OF, video.video_id, video.category)
                     creators.add(key)
             for key in creators:
                 pipe.zremrangebyrank(key, 0, -(self.params.creator_videos + 1))
@@ -167,6 +196,16 @@ class RedisSignals:
             pipe = self.client.pipeline(transaction=False)
             for creator in creator_ids:
                 pipe.zrevrange(CREATOR_VIDEOS + creator, 0, limit - 1)
+            replies = pipe.execute()
+        return interleave([[_text(v) for v in rows] for rows in replies], limit)
+
+    def category_videos(self, categories: Sequence[str], limit: int) -> list[str]:
+        if not categories:
+            return []
+        with signal_errors("category_videos"):
+            pipe = self.client.pipeline(transaction=False)
+            for category in categories:
+                pipe.zrevrange(CATEGORY_TRENDING + category, 0, limit - 1)
             replies = pipe.execute()
         return interleave([[_text(v) for v in rows] for rows in replies], limit)
 

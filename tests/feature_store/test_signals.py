@@ -54,6 +54,29 @@ def test_rescale_keeps_ranking(signals: MemorySignals | RedisSignals) -> None:
     assert [v for v, _ in signals.trending(3)] == ["c", "b", "a"]
 
 
+def test_category_trending_counts_within_each_category(
+    signals: MemorySignals | RedisSignals,
+) -> None:
+    """What trends where a user's tastes lie: a category's own ranking, rescaled with the
+    global one, a video leaving it when hidden or moved to another category."""
+    videos = [make_video(video_id=v, category=c) for v, c in
+              (("a1", "cars"), ("a2", "cars"), ("b1", "cats"), ("b2", "cats"))]
+    signals.index_videos(videos)
+    plays = {"a1": 1, "a2": 3, "b1": 2, "b2": 1, "unknown": 5}
+    signals.record([make_event(video_id=v, ts=BASE_TS, event_id=f"{v}-{i}")
+                    for v, n in plays.items() for i in range(n)])
+    assert signals.category_videos(["cars"], 10) == ["a2", "a1"]
+    assert signals.category_videos(["cats", "cars"], 3) == ["b1", "a2", "b2"]
+    far = BASE_TS + 100 * 3600 * 1000  # forces a rescale: the order holds across it
+    signals.record([make_event(video_id="a1", ts=far)])
+    assert signals.category_videos(["cars"], 10) == ["a1", "a2"]
+    signals.index_videos([videos[0].model_copy(update={"hidden": True}),
+                          videos[3].model_copy(update={"category": "cars"})])
+    assert signals.category_videos(["cars"], 10) == ["a2"]
+    assert signals.category_videos(["cats"], 10) == ["b1"]
+    assert signals.category_videos(["nothing"], 10) == []
+
+
 def test_covisitation_pairs_new_watch_with_history(signals: MemorySignals | RedisSignals) -> None:
     history = {"u1": [HistoryEntry(video_id="h1", watch_ratio=1.0, ts=BASE_TS)]}
     signals.record([make_event(user_id="u1", video_id="x")], history)
