@@ -57,9 +57,13 @@
   $("logout").addEventListener("click", () => logout(""));
 
   // --- rendering ---------------------------------------------------------
+  // A tile takes two columns when its value would not fit one (ids, "a / pop. b"),
+  // and wraps at spaces past that: a figure is never cut off.
   function kpis(el, items) {
-    el.innerHTML = items.map(([label, value, id]) =>
-      `<div class="kpi"><div class="label">${esc(label)}</div><div class="value${String(value).length > 14 ? " long" : ""}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`).join("");
+    el.innerHTML = items.map(([label, value, id]) => {
+      const n = String(value).length, span = n > 9 ? " span2" : "", long = n > 18 ? " long" : "";
+      return `<div class="kpi${span}"><div class="label">${esc(label)}</div><div class="value${long}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`;
+    }).join("");
   }
 
   function table(el, head, rows) {
