@@ -66,7 +66,11 @@ class RecommendRequest(_Request):
 class RecommendItem(_Response):
     video_id: str
     score: float
-    """Predicted probability of a positive outcome (0..1); 0 in fallbacks without a model."""
+    """Predicted probability of a positive outcome (0..1: the ranking heads' fusion,
+    ``api.ranking_weights``, after the rerank's adjustments); 0 in fallbacks without a
+    model. Not the sort key: ``items`` come in the ranking order, which adds the
+    retrieval and co-visitation bonuses, exploration slots and the creator cap, so an
+    item may follow one with a lower score."""
     source: str
     """Candidate source: embedding, covisit, creators, trending, fresh or request."""
 
@@ -84,6 +88,11 @@ class RecommendResponse(_Response):
     model_version: str | None
     """Model that ranked the items; None when no model was available."""
     items: list[RecommendItem]
+    """Best first, in the ranking order, which is **not** ``score`` order: the fused
+    ranking (log ``score`` plus the two-tower affinity and co-visitation bonuses), then
+    the exploration slots for new videos and the per-creator cap (docs/serving.md, *The
+    ranking order*; docs/rerank.md). Fallbacks without a model keep their candidate
+    source's order. Show them in this order; do not re-sort by ``score``."""
     fallback: bool = False
     """True when the normal path could not be used (see ``fallback_reason``)."""
     fallback_reason: str | None = None
