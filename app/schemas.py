@@ -104,6 +104,27 @@ class RecommendResponse(_Response):
     in fallbacks)."""
 
 
+class BatchRecommendRequest(_Request):
+    """Body of ``POST /v1/recommend/batch``: many users in one request (e-mail, push)."""
+
+    requests: list[RecommendRequest] = Field(min_length=1)
+    """One request per user, each as ``POST /v1/recommend`` takes it, with the same limits;
+    at most ``api.max_recommend_batch``. Answered in this order."""
+
+
+class BatchRecommendation(RecommendResponse):
+    """One user's answer in a batch: a recommend response naming its user."""
+
+    user_id: str
+    """The request's ``user_id``."""
+
+
+class BatchRecommendResponse(_Response):
+    results: list[BatchRecommendation]
+    """One answer per request, in the order of ``requests``; each is a whole
+    recommendation (its own ``recommendation_id``, fallbacks and experiment arm)."""
+
+
 def _items(component: str) -> WithJsonSchema:
     """A raw list documented as a list of ``component`` (validated item by item)."""
     return WithJsonSchema(

@@ -29,7 +29,10 @@ from app.main import create_app
 from tests.app.conftest import KEY, make_settings
 
 READ_KEY = "read-key-for-tests-0123"
-READ_ROUTES = {("POST", "/v1/recommend"), ("GET", "/v1/videos/{video_id}"), ("GET", "/v1/status")}
+READ_ROUTES = {
+    ("POST", "/v1/recommend"), ("POST", "/v1/recommend/batch"), ("GET", "/v1/videos/{video_id}"),
+    ("GET", "/v1/status"),
+}
 OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 
 
