@@ -57,13 +57,13 @@ def available() -> bool:
 class AlsParams:
     """ALS settings; the defaults are the validation split's best (``bench/tune_mf.py``)."""
 
-    factors: int = 64
+    factors: int = 32
     regularization: float = 0.1
     """L2 weight on both factor matrices."""
-    alpha: float = 1.0
+    alpha: float = 5.0
     """Confidence of an observed pair: ``1 + alpha`` against 1 for an unobserved one."""
     iterations: int = 15
-    refit_every: int = 2000
+    refit_every: int = 500
     """Positive pairs after which the item factors are fitted again (sooner while a tenth
     of those fitted on is fewer; the user's fold-in is always at the moment)."""
 
