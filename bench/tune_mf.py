@@ -188,7 +188,8 @@ def main() -> None:
     split = validation_split(Path(args.dataset), args.candidates, seed)
     print(f"{args.dataset}: {len(split.users):,} training views, {len(split.queries):,} "
           f"validation users (their second-to-last view; the last never read)")
-    grid = [AlsParams(factors=f, regularization=r, alpha=a) for f, r, a in itertools.product(
+    grid = [AlsParams(factors=f, regularization=r, alpha=a, refit_every=2000)
+            for f, r, a in itertools.product(
         (32, 64, 128), (0.01, 0.1, 1.0), (1.0, 5.0, 20.0))]
     bpr_grid = list(itertools.product((32, 64, 128), (0.01, 0.05), (0.01,), (100, 300)))
     if args.quick:
