@@ -34,23 +34,28 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
-from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
-from app.candidates.sources import REQUEST
+from app.candidates.retrieval import Candidate, CandidateFilter, Pool, Retriever
+from app.candidates.sources import REQUEST, CandidateQuery
 from app.experiments.arms import ArmModels, Assignment
 from app.metrics import Metrics
 from app.rerank import Reranker
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
+from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder
-from app.scoring.ranking import fuse, ranking_bonus
+from app.scoring.ranking import fuse, ranking_bonus, top_k
+from app.scoring.retrieval import RetrievalModel
 from app.scoring.scorer import Scorer
 from app.served_log import Served, ServedLogWriter
-from feature_store.activity.base import ActivityStore
+from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
+from feature_store.features.batch import Indices
 from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
 from feature_store.worker import periodic
@@ -82,9 +87,10 @@ class PopularList:
         self.refreshed_at = 0.0
 
     def refresh(self) -> None:
-        now_ms = int(time.time() * 1000)
-        proposed = self.retriever.retrieve((), now_ms, personal=False)
-        self.items = self.retriever.resolve(proposed, CandidateFilter(), self.size)
+        query = CandidateQuery("", (), int(time.time() * 1000))  # nobody: the popular sources
+        self.items = self.retriever.resolve(
+            self.retriever.retrieve(query), CandidateFilter(), self.size
+        )
         self.refreshed_at = time.monotonic()
 
     def maybe_refresh(self) -> None:
@@ -185,133 +191,136 @@ class Recommender:
         t0 = time.perf_counter()
         now_ms = int(self.clock() * 1000)
         history = self.activity.history(request.user_id)
-        known = bool(history)
-        seen = frozenset(h.video_id for h in history)
+        query, vector = self._query(request, history, now_ms, model)
+        found = self._candidates(request, query)
+        self.metrics.observe_stage("candidates", time.perf_counter() - t0)
+        self.metrics.candidates.observe(len(found.ids))
+        if model is None:
+            order = np.arange(min(count, len(found.ids)))
+            return self._respond(found, np.zeros(len(found.ids)), order, None, "no_model")
+        reason = None if history or request.candidates is not None else "unknown_user"
+        fusion = assigned.fusion if assigned is not None else None
+        scores, features = self.scorer.score_rows(
+            model, request.user_id, now_ms, request.context, history, found.rows, fusion
+        )
+        if self.pool_observer is not None:
+            self.pool_observer(request.user_id, found.ids, found.sources, scores)
+        towers = model.retrieval
+        affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
+        ranked, order = self._rank(request, query, found, scores, affinity, count, model, fusion)
+        response = self._respond(found, ranked, order, model.version, reason, assigned)
+        if self.served_log is not None and features is not None:
+            self.served_log.record(Served(  # the model's own scores: its prequential AUC
+                response.recommendation_id, request.user_id, now_ms, model.version,
+                request.context, found.ids, found.sources, scores, order, features,
+                assigned.tag if assigned is not None else None,
+            ))
+        return response
+
+    def _query(
+        self,
+        request: RecommendRequest,
+        history: Sequence[HistoryEntry],
+        now_ms: int,
+        model: LoadedModel | None,
+    ) -> tuple[CandidateQuery, np.ndarray | None]:
+        """What the sources know of the request, and the user's tower vector (None: no
+        towers, or a user without history)."""
         towers = model.retrieval if model is not None else None
         vector = None
-        if towers is not None and known:
+        if towers is not None and history:
             vector = towers.query_vector(
                 request.user_id, now_ms, request.context,
                 history[: self.scorer.schema.history_len],  # what the towers trained on
                 self.scorer.row_reader(model), self.settings.covisit_window,
             )
-        covisits = self.retriever.covisits(history) if known else []
+        query = CandidateQuery(
+            request.user_id, history, now_ms,
+            exclude=frozenset(h.video_id for h in history) if request.exclude_seen else (),
+        )
+        if towers is not None and vector is not None:
+            query.nearest = partial(_nearest, towers, vector)
+        return query, vector
+
+    def _candidates(self, request: RecommendRequest, query: CandidateQuery) -> Found:
+        """The request's candidates (given, or the pool), filtered in the scorer's rows."""
         if request.candidates is not None:
             ids = list(dict.fromkeys(request.candidates))
-            sources = [REQUEST] * len(ids)
+            pool = Pool(ids, [REQUEST] * len(ids), covisits=self.retriever.covisits(query))
         else:
-            embedding = (
-                towers.neighbours(
-                    vector, self.settings.source_limit, seen if request.exclude_seen else ()
-                )
-                if towers is not None and vector is not None
-                else []
-            )
-            proposed = self.retriever.retrieve(
-                history, now_ms, personal=known, embedding=embedding, covisits=covisits
-            )
-            ids = [video for video, _ in proposed]
-            sources = [source for _, source in proposed]
+            pool = self.retriever.retrieve(query)
         f = request.filters
         keep = CandidateFilter(
-            seen=seen if request.exclude_seen else frozenset(),
+            seen=frozenset(query.exclude),
             categories=frozenset(f.categories) if f.categories is not None else None,
             max_duration_ms=f.max_duration_ms,
         )
-        selected, rows = self.scorer.select(ids, keep, self.settings.max_candidates)
-        if selected is not None:
-            ids = [ids[i] for i in selected]
-            sources = [sources[i] for i in selected]
-        self.metrics.observe_stage("candidates", time.perf_counter() - t0)
-        self.metrics.candidates.observe(len(ids))
-        reason = None if known or request.candidates is not None else "unknown_user"
-        if model is None:
-            scores = 1.0 / (1.0 + np.arange(len(ids), dtype=np.float32))
-            return self._respond(ids, sources, scores, count, None, "no_model", zero=True)[0]
-        scores, features = self.scorer.score_rows(
-            model, request.user_id, now_ms, request.context, history, rows,
-            assigned.fusion if assigned is not None else None,
-        )
-        if self.pool_observer is not None:
-            self.pool_observer(request.user_id, ids, sources, scores)
-        counts = dict(covisits)
+        selected, rows = self.scorer.select(pool.videos, keep, self.settings.max_candidates)
+        if selected is None:
+            return Found(pool.videos, pool.sources, rows, pool)
+        ids = [pool.videos[i] for i in selected]
+        return Found(ids, [pool.sources[i] for i in selected], rows, pool)
+
+    def _rank(
+        self,
+        request: RecommendRequest,
+        query: CandidateQuery,
+        found: Found,
+        scores: np.ndarray,
+        affinity: np.ndarray | None,
+        count: int,
+        model: LoadedModel,
+        fusion: Fusion | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The reranked scores and the response's rows, best first, by :func:`fuse`."""
+        covisits = found.pool.covisits
         bonus = ranking_bonus(
-            len(ids),
-            towers.affinity(vector, ids) if towers is not None and vector is not None else None,
-            np.fromiter((counts.get(v, 0.0) for v in ids), np.float64, len(ids))
-            if counts else None,
+            len(found.ids),
+            affinity,
+            np.fromiter((covisits.get(v, 0.0) for v in found.ids), np.float64, len(found.ids))
+            if covisits else None,
             self.settings.retrieval_weight,
             self.settings.covisit_weight,
         )
-        ranked = None
-        model_scores = scores  # the served log keeps the model's own: its prequential AUC
-        if self.rerank is not None and len(ids):
-            fusion = assigned.fusion if assigned is not None else None
+        if self.rerank is None or not len(found.ids):
+            return scores, top_k(fuse(scores, bonus), count)
 
-            def anonymous(positions: np.ndarray) -> np.ndarray:
-                return self.scorer.anonymous_scores(
-                    model, now_ms, request.context, rows[positions], fusion
-                )
-
-            scores, ranked = self.rerank.rerank(
-                request.user_id, now_ms, history, request.exclude_served, ids,
-                self.scorer.extractor.table, rows, scores, count, bonus, anonymous,
+        def anonymous(positions: np.ndarray) -> np.ndarray:
+            return self.scorer.anonymous_scores(
+                model, query.now_ms, request.context, found.rows[positions], fusion
             )
-        response, order = self._respond(
-            ids, sources, scores, count, model.version, reason, arm=assigned,
-            ranking=fuse(scores, bonus), order=ranked,
+
+        return self.rerank.rerank(
+            request.user_id, query.now_ms, query.history, request.exclude_served, found.ids,
+            self.scorer.extractor.table, found.rows, scores, count, bonus, anonymous,
         )
-        if self.served_log is not None and features is not None:
-            self.served_log.record(Served(
-                response.recommendation_id, request.user_id, now_ms, model.version,
-                request.context, ids, sources, model_scores, order, features,
-                assigned.tag if assigned is not None else None,
-            ))
-        return response
 
     def _respond(
         self,
-        ids: Sequence[str],
-        sources: Sequence[str],
+        found: Found,
         scores: np.ndarray,
-        count: int,
+        order: np.ndarray,
         version: str | None,
         reason: str | None,
-        zero: bool = False,
-        degraded: bool = False,
         arm: Assignment | None = None,
-        ranking: np.ndarray | None = None,
-        order: np.ndarray | None = None,
-    ) -> tuple[RecommendResponse, np.ndarray]:
-        """The response's top ``count`` items by ``ranking`` (default: ``scores``), and
-        their rows in ``ids`` (best first); each item's score is its ``scores`` value.
-        ``order``: those rows, chosen already (by the rerank)."""
-        rank = scores if ranking is None else ranking
-        k = min(count, len(ids))
-        if order is not None:
-            pass  # the rerank chose them
-        elif k < len(ids):
-            top = np.argpartition(-rank, k - 1)[:k]
-            order = top[np.argsort(-rank[top], kind="stable")]
-        else:
-            order = np.argsort(-rank, kind="stable")
-        top_scores = np.zeros(len(order)) if zero else scores[order]
+    ) -> RecommendResponse:
+        """The response of the rows ``order`` (best first), each with its ``scores`` value."""
+        ids, sources = found.ids, found.sources
         # Plain dicts validated in one pydantic-core call: 3x cheaper than 20 model objects.
-        response = RecommendResponse.model_validate(
+        return RecommendResponse.model_validate(
             {
                 "recommendation_id": uuid.uuid4().hex,
                 "model_version": version,
                 "items": [
                     {"video_id": ids[i], "score": score, "source": sources[i]}
-                    for i, score in zip(order.tolist(), top_scores.tolist(), strict=True)
+                    for i, score in zip(order.tolist(), scores[order].tolist(), strict=True)
                 ],
                 "fallback": reason is not None,
                 "fallback_reason": reason,
-                "degraded": degraded,
+                "degraded": False,
                 "experiment": None if arm is None else {"id": arm.experiment, "arm": arm.arm},
             }
         )
-        return response, order
 
     def _degraded(
         self,
@@ -340,6 +349,22 @@ class Recommender:
             fallback_reason=reason,
             degraded=True,
         )
+
+
+class Found(NamedTuple):
+    """A request's candidates after the filters: ids, first sources, video-table rows."""
+
+    ids: list[str]
+    sources: list[str]
+    rows: Indices
+    pool: Pool
+    """The pool they came from (every proposer, the co-visitation counts)."""
+
+
+def _nearest(
+    towers: RetrievalModel, vector: np.ndarray, k: int, exclude: Collection[str]
+) -> list[str]:
+    return towers.neighbours(vector, k, exclude)
 
 
 def _passes(candidate: Candidate, request: RecommendRequest) -> bool:

@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.cold_start import ColdStart, NewVideos
-from app.scoring.ranking import fuse
+from app.scoring.ranking import fuse, top_k
 from app.scoring.video_table import VideoTable
 from feature_store.activity.base import HistoryEntry
 from feature_store.features.extract import Indices
@@ -185,10 +185,9 @@ class Reranker:
         count: int,
         bonus: npt.NDArray[np.float64] | None = None,
         anonymous: AnonymousScores | None = None,
-    ) -> tuple[Scores, Indices | None]:
-        """Reranked scores, and the response's rows in ``video_ids`` best first (None: the
-        plain top ``count`` by the ranking of the scores returned, nothing was excluded or
-        capped). ``bonus``: what the ranking adds to the log of a score
+    ) -> tuple[Scores, Indices]:
+        """Reranked scores, and the response's rows in ``video_ids`` best first.
+        ``bonus``: what the ranking adds to the log of a score
         (:func:`app.scoring.ranking.ranking_bonus`); merit is ``log score + bonus``.
         ``anonymous``: the model's scores of candidate positions for an anonymous user
         (asked for the new videos only; None: no lift, see :mod:`app.cold_start`)."""
@@ -214,12 +213,12 @@ class Reranker:
             if factor is not None:
                 out *= factor
         slots = self.cold_start.slots(min(count, int((~drop).sum()))) if new.fresh.any() else 0
+        rank = fuse(out, bonus)
         if not (drop.any() or slots or s.max_per_creator):
-            return out.astype(np.float32), None
+            return out.astype(np.float32), top_k(rank, count)
         explored = self._explore(new, drop, slots, factor)
         keep = ~drop
         keep[explored] = False
-        rank = out if bonus is None else fuse(out, bonus)
         merit = np.flatnonzero(keep)
         merit = merit[np.argsort(-rank[merit], kind="stable")]
         ranked = np.concatenate([explored, merit]).tolist()

@@ -80,8 +80,6 @@ def top(
     t0 = time.perf_counter()
     out, order = rr.rerank(user, NOW, (), None, ids, table, rows, scores, count)
     took = time.perf_counter() - t0
-    if order is None:
-        order = np.argsort(-out, kind="stable")[:count]
     return order.tolist(), took
 
 

@@ -224,6 +224,15 @@ DEVELOPMENT_API_KEY = "vidrec-dev-key"
 """Default write and admin key, accepted only with ``environment="development"``."""
 
 
+DEFAULT_CANDIDATE_SOURCES = {
+    "embedding": 0.3, "covisit": 0.2, "categories": 0.2, "creators": 0.1,
+    "trending": 0.15, "fresh": 0.05,
+}
+"""Most of a known user's pool from what uses their history (0.8), the rest popular."""
+CANDIDATE_SOURCE_NAMES = ("embedding", "covisit", "categories", "creators", "trending", "fresh")
+_IMPERSONAL_SOURCES = ("trending", "fresh")
+
+
 class ApiSettings(_Section):
     """The HTTP recommendation service (``app``) and its candidate signals."""
 
@@ -248,8 +257,17 @@ class ApiSettings(_Section):
     recommendation (a few ms of this worker's CPU), so 100 is about half a second."""
     default_count: int = Field(20, ge=1)
     """Items returned when the request names no ``count``."""
-    source_limit: int = Field(200, ge=1)
-    """Candidates taken from each retrieval source before the union is capped."""
+    source_limit: int = Field(300, ge=1)
+    """Most candidates asked of one retrieval source (its share of ``max_candidates``, with
+    room for the ones filtered out, is asked for, up to this)."""
+    candidate_sources: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_CANDIDATE_SOURCES)
+    )
+    """Which candidate sources fill the pool, in what order, and each one's share of it
+    (``app/candidates/sources.py``: ``embedding``, ``covisit``, ``categories``,
+    ``creators``, ``trending``, ``fresh``). A user without history gets only the sources
+    that need none (``trending``, ``fresh``), their shares scaled up; a source that finds
+    fewer than its share leaves the rest to the others."""
     fresh_window_s: float = Field(7 * 24 * 3600, gt=0)
     """Fresh-upload candidates are videos uploaded within this many seconds."""
     model_poll_interval_s: float = Field(1.0, gt=0)
@@ -272,9 +290,9 @@ class ApiSettings(_Section):
     covisit_neighbors: int = Field(100, ge=1, le=10_000)
     """Neighbours kept per video in the co-visitation lists (strongest first)."""
     creator_videos: int = Field(50, ge=1, le=10_000)
+    """Newest uploads kept per creator for the creator candidate source."""
     category_videos: int = Field(200, ge=1, le=100_000)
     """Trending videos kept per category (the categories candidate source's depth)."""
-    """Newest uploads kept per creator for the creator candidate source."""
     retrieval_weight: float = Field(0.5, ge=0, le=100)
     """Weight of the two-tower affinity (cosine, -1..1) in the ranking score, in
     log-probability units per unit of cosine; 0 ranks by the model alone. Chosen on
@@ -308,6 +326,22 @@ class ApiSettings(_Section):
             raise ConfigurationError("api.batch_buckets: must be increasing and non-empty")
         if self.batch_buckets[-1] < self.max_candidates:
             raise ConfigurationError("api.batch_buckets: the largest must cover max_candidates")
+        return self
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> ApiSettings:
+        unknown = sorted(set(self.candidate_sources) - set(CANDIDATE_SOURCE_NAMES))
+        if unknown:
+            raise ConfigurationError(
+                f"api.candidate_sources: unknown {unknown} (known: {list(CANDIDATE_SOURCE_NAMES)})"
+            )
+        if any(not share > 0 for share in self.candidate_sources.values()):
+            raise ConfigurationError("api.candidate_sources: every share must be above 0")
+        if not set(self.candidate_sources) & set(_IMPERSONAL_SOURCES):
+            raise ConfigurationError(
+                "api.candidate_sources: needs trending or fresh, or a user without history "
+                "gets no candidates"
+            )
         return self
 
 

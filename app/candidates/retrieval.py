@@ -1,10 +1,17 @@
-"""The union of candidate sources: deduplicated, filtered and capped before scoring.
+"""The pool of candidates: the sources' proposals, by their shares, deduplicated.
 
-Sources are interleaved round-robin (embedding, covisit, creators, trending,
-fresh), so
-the cap takes the best of each rather than all of the first; a video found
-by several sources keeps the first source's name. A recommend request
-filters its candidates in the scorer's per-video rows
+Each source (:mod:`app.candidates.sources`) named in ``api.candidate_sources``
+is asked for its share of ``api.max_candidates`` (with room for what the
+filters will drop, at most ``api.source_limit``); a user without history asks
+only the sources that need none, their shares scaled up. The proposals are
+merged by **weighted round-robin**: the next video comes from the source
+furthest below its share of what has been taken so far, so the first ``N``
+videos of the pool hold each source in proportion to its share, whatever
+``N`` the filters leave, and a source that runs out leaves its room to the
+others. A video proposed by several sources keeps the first source's name and
+lists them all (:attr:`Pool.proposers`).
+
+A recommend request filters its candidates in the scorer's per-video rows
 (:meth:`app.scoring.video_table.VideoTable.passing`: unknown and hidden
 videos, the user's already-seen videos, the request's categories and longest
 duration); :meth:`Retriever.resolve` applies the same :class:`CandidateFilter`
@@ -13,15 +20,27 @@ to catalog records, for the degraded mode's popular list.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from app.candidates import sources
-from feature_store.activity.base import HistoryEntry
+from app.candidates.sources import (
+    COVISIT,
+    CandidateQuery,
+    CandidateSource,
+    Covisit,
+    Proposal,
+    build_sources,
+)
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.settings import ApiSettings
-from feature_store.signals.base import CandidateSignals, interleave
+from feature_store.signals.base import CandidateSignals
+
+OVERASK = 1.5
+"""Each source is asked for this much more than its share: some proposals are seen, hidden
+or filtered out, and the pool should still fill."""
 
 
 class Candidate(NamedTuple):
@@ -48,8 +67,21 @@ class CandidateFilter:
         return self.max_duration_ms is None or video.duration_ms <= self.max_duration_ms
 
 
+@dataclass
+class Pool:
+    """The candidates of one request, in pool order."""
+
+    videos: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    """The first source that proposed each video (what its response item says)."""
+    proposers: dict[str, list[str]] = field(default_factory=dict)
+    """Every source that proposed a video, by video (the explanation of an item)."""
+    covisits: dict[str, float] = field(default_factory=dict)
+    """Co-visitation counts of the videos the covisit source found (a ranking term)."""
+
+
 class Retriever:
-    """Finds candidates for a user from every source (see the module docstring)."""
+    """Builds each request's :class:`Pool` from the sources (see the module docstring)."""
 
     def __init__(
         self,
@@ -59,63 +91,71 @@ class Retriever:
         videos: Callable[[Sequence[str]], list[Video | None]] | None = None,
     ) -> None:
         self.catalog = catalog
-        self.signals = signals
         self.settings = settings
         self.videos = videos or catalog.get_many
         """Bulk catalog read used to filter (the service passes its cached reader)."""
+        known = build_sources(signals, catalog, settings)
+        self.plan: list[tuple[CandidateSource, float]] = [
+            (known[name], share) for name, share in settings.candidate_sources.items()
+        ]
+        """The sources asked, in order, with their shares (``api.candidate_sources``)."""
+        covisit = known[COVISIT]
+        assert isinstance(covisit, Covisit)
+        self.covisit = covisit
 
-    def covisits(self, history: Sequence[HistoryEntry]) -> list[tuple[str, float]]:
-        """Videos co-watched with the user's recent watches and their counts, strongest
-        first (the covisit source, and a term of the ranking score)."""
-        window = self.settings.covisit_window
-        return sources.covisited(self.signals, history, window, self.settings.source_limit)
+    def covisits(self, query: CandidateQuery) -> dict[str, float]:
+        """Co-visitation counts for ``query``'s user (read once per query): the ranking's
+        term, also for a request that brings its own candidates."""
+        if not query.watched:
+            return {}
+        return dict(self.covisit.read(query, self.settings.source_limit))
 
-    def retrieve(
-        self,
-        history: Sequence[HistoryEntry],
-        now_ms: int,
-        personal: bool = True,
-        embedding: Sequence[str] = (),
-        covisits: Sequence[tuple[str, float]] | None = None,
-    ) -> list[tuple[str, str]]:
-        """``(video_id, source)`` pairs, deduplicated, in interleaved source order.
+    def retrieve(self, query: CandidateQuery) -> Pool:
+        """The pool for ``query`` (see the module docstring)."""
+        personal = bool(query.history)
+        plan = [(s, share) for s, share in self.plan if personal or not s.personal]
+        total = sum(share for _, share in plan)
+        cap = self.settings.max_candidates
+        proposals: list[tuple[str, float, Proposal]] = []
+        for source, share in plan:
+            wanted = min(self.settings.source_limit, math.ceil(share / total * cap * OVERASK))
+            proposals.append((source.name, share, source.propose(query, wanted)))
+        pool = merge(proposals)
+        for name, _, proposal in proposals:
+            if name == COVISIT and proposal.weights is not None:
+                pool.covisits = dict(zip(proposal.videos, proposal.weights, strict=True))
+        return pool
 
-        ``personal=False`` (unknown users, fallbacks) uses trending and fresh only.
-        ``embedding``: the user vector's nearest videos (the caller searched them with
-        the request's model version), leading the interleave. ``covisits``: what
-        :meth:`covisits` returned, when the caller already asked.
-        """
-        limit = self.settings.source_limit
-        since = now_ms - int(self.settings.fresh_window_s * 1000)
-        named: list[tuple[str, list[str]]] = []
-        if personal and history:
-            if embedding:
-                named.append((sources.EMBEDDING, list(embedding[:limit])))
-            if covisits is None:
-                covisits = self.covisits(history)
-            named.append((sources.COVISIT, [video for video, _ in covisits]))
-            named.append(
-                (sources.CREATORS, sources.creators(self.signals, self.catalog, history, limit))
-            )
-        named.append((sources.TRENDING, sources.trending(self.signals, limit)))
-        named.append((sources.FRESH, sources.fresh(self.catalog, limit, since)))
-        tagged = [[(video, name) for video in ids] for name, ids in named]
-        seen: set[str] = set()
-        out: list[tuple[str, str]] = []
-        for video, name in interleave(tagged, sum(map(len, tagged))):
-            if video not in seen:
-                seen.add(video)
-                out.append((video, name))
-        return out
-
-    def resolve(
-        self, proposed: Sequence[tuple[str, str]], keep: CandidateFilter, cap: int
-    ) -> list[Candidate]:
-        """Catalog records of the proposed ids that pass ``keep``, at most ``cap``."""
-        videos = self.videos([video_id for video_id, _ in proposed])
+    def resolve(self, pool: Pool, keep: CandidateFilter, cap: int) -> list[Candidate]:
+        """Catalog records of the pool's videos that pass ``keep``, at most ``cap``."""
+        records = self.videos(pool.videos)
         out = [
             Candidate(video, source)
-            for (_, source), video in zip(proposed, videos, strict=True)
+            for source, video in zip(pool.sources, records, strict=True)
             if video is not None and keep.keeps(video)
         ]
         return out[:cap]
+
+
+def merge(proposals: Sequence[tuple[str, float, Proposal]]) -> Pool:
+    """Weighted round-robin over ``(name, share, proposal)`` (see the module docstring):
+    a heap of the sources by ``(taken + 1) / share``, ties to the earlier source."""
+    pool = Pool()
+    proposers = pool.proposers
+    heap = [(1.0 / share, i, 0, 0) for i, (_, share, p) in enumerate(proposals) if p.videos]
+    heapq.heapify(heap)
+    while heap:
+        _, i, at, taken = heapq.heappop(heap)
+        name, share, proposal = proposals[i]
+        video = proposal.videos[at]
+        found = proposers.get(video)
+        if found is None:
+            proposers[video] = [name]
+            pool.videos.append(video)
+            pool.sources.append(name)
+            taken += 1
+        elif name not in found:
+            found.append(name)
+        if at + 1 < len(proposal.videos):
+            heapq.heappush(heap, ((taken + 1) / share, i, at + 1, taken))
+    return pool

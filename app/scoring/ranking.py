@@ -32,6 +32,15 @@ def ranking_bonus(
     return bonus
 
 
+def top_k(ranking: np.ndarray, count: int) -> np.ndarray:
+    """Positions of the ``count`` highest of ``ranking``, best first (ties: earlier first)."""
+    k = min(count, len(ranking))
+    if k < len(ranking):
+        top = np.argpartition(-ranking, k - 1)[:k]
+        return top[np.argsort(-ranking[top], kind="stable")]
+    return np.argsort(-ranking, kind="stable")
+
+
 def fuse(scores: np.ndarray, bonus: np.ndarray | None = None) -> np.ndarray:
     """The ranking score: ``log p + bonus`` (:func:`ranking_bonus`); ``scores`` is
     the model's probability of a positive outcome (whatever the scorer fuses

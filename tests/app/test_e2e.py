@@ -23,6 +23,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import feature_store.eventlog.kafka  # noqa: F401
 
+from app.candidates.sources import PERSONAL
 from app.main import create_app
 from app.wiring import embedded_trainer
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
@@ -157,12 +158,13 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         assert share(bob["items"], "cats") >= 0.8
 
         # Without candidates, retrieval follows alice too: what she watched is
-        # excluded as seen, and the new uploads of her creators come first.
+        # excluded as seen, and the new uploads of her creators and category, found by
+        # the sources that read her history, come first.
         own = http.post("/v1/recommend", json={"user_id": "alice", "count": 5}).json()
         assert own["fallback"] is False and own["model_version"] == second
         sources = {i["video_id"]: i["source"] for i in own["items"]}
         assert {"newcar0", "newcar1", "newcar2"} <= set(sources)
-        assert sources["newcar0"] == "creators"
+        assert {sources[f"newcar{i}"] for i in range(3)} <= PERSONAL
         assert not any(v.startswith("cars") for v in sources)  # all of them seen
         status = http.get("/v1/status").json()
         assert status["model"]["provider"] == "CPUExecutionProvider"

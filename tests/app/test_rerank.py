@@ -66,8 +66,6 @@ def run(
         user, now_ms, history, exclude_served, [v.video_id for v in videos], table, rows,
         np.asarray(scores, dtype=np.float32), count,
     )
-    if order is None:
-        order = np.argsort(-out, kind="stable")[:count]
     return [videos[i].video_id for i in order.tolist()]
 
 
@@ -218,7 +216,7 @@ def test_a_new_video_the_model_scores_alike_for_everyone_scores_its_prior() -> N
     scores = np.array([0.5, 0.92], dtype=np.float32)
     out, order = rr.rerank("u1", NOW, (), None, ["old", "new"], table, rows, scores, 2,
                            anonymous=lambda positions: scores[positions])
-    assert order is None
+    assert order.tolist() == [0, 1]  # nothing excluded: the ranking's order
     assert out[0] == pytest.approx(0.5)  # established: the model's score
     assert out[1] == pytest.approx(0.3)  # new: the prior (every video's rate here: 60/200)
 
