@@ -32,6 +32,7 @@ import numpy as np
 
 from app.schemas import RecommendRequest
 from feature_store.events import Event, EventType
+from feature_store.settings import Settings
 from feature_store.synthetic import SyntheticWorld, WorldConfig
 from feature_store.worker import Worker
 
@@ -46,6 +47,19 @@ traffic (each video is shown a few dozen times in the first five minutes)."""
 PAGE_SIZE = 8
 SESSIONS_PER_S = 20.0
 """Feed pages asked for per second: about 250 events/s, a few percent of one core."""
+EXPORT_EVERY_S = 20.0
+"""The trainer's export interval under ``--demo`` unless ``trainer.export_every_s`` is set:
+the network the service scores with learns the simulated tastes within minutes, and a
+person watching sees it follow (an export of the demo's catalog takes well under 1 s)."""
+
+
+def demo_settings(settings: Settings) -> Settings:
+    """``settings`` for ``vidrec up --demo``: exports every :data:`EXPORT_EVERY_S` unless the
+    export interval was set (``VIDREC_TRAINER__EXPORT_EVERY_S``)."""
+    if "export_every_s" in settings.trainer.model_fields_set:
+        return settings
+    trainer = settings.trainer.model_copy(update={"export_every_s": EXPORT_EVERY_S})
+    return settings.model_copy(update={"trainer": trainer})
 
 
 class DemoTraffic:

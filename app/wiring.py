@@ -76,6 +76,10 @@ def run_up(settings: Settings, host: str, port: int, demo: bool = False) -> int:
     """``vidrec up``: API + trainer + embedded backends in one process."""
     from app.server import run_embedded
 
+    if demo:
+        from app.demo import demo_settings
+
+        settings = demo_settings(settings)
     return run_embedded(settings, host, port, embedded_extensions(demo), demo=demo)
 
 

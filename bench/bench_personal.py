@@ -3,8 +3,8 @@
     python bench/bench_personal.py [--minutes 5] [--sessions-per-s 5] [--backend memory|redis-kafka]
 
 Runs what ``./scripts/up`` runs (the service with the embedded trainer, the
-demo world's catalog and simulated users at the demo's traffic level, every
-setting at its default) for ``--minutes``, then probes it as a person would:
+demo world's catalog and simulated users at the demo's traffic level, the
+demo's settings) for ``--minutes``, then probes it as a person would:
 
 - **personalisation**: per report window, the share of recommended videos in
   the simulated user's three favourite categories, beside a popularity
@@ -236,21 +236,23 @@ def main() -> int:
                         help="default: the demo's own rate")
     parser.add_argument("--backend", choices=["memory", "redis-kafka"], default="memory")
     parser.add_argument("--export-every-s", type=float, default=None,
-                        help="default: what vidrec up --demo uses")
+                        help="default: what vidrec up --demo uses (app.demo.EXPORT_EVERY_S)")
     args = parser.parse_args()
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # starlette's nudge towards httpx2
         from fastapi.testclient import TestClient
 
-    from app.demo import DemoTraffic
+    from app.demo import DemoTraffic, demo_settings
     from app.main import create_app
     from app.wiring import embedded_trainer
 
     extra, services = backend_settings(args.backend)
     if args.export_every_s is not None:
         extra["trainer"] = {"export_every_s": args.export_every_s}
-    settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="vidrec-personal-")), **extra)
+    settings = demo_settings(
+        Settings(data_dir=Path(tempfile.mkdtemp(prefix="vidrec-personal-")), **extra)
+    )
     started = time.time()
     try:
         with TestClient(create_app(settings, extensions=[embedded_trainer])) as client:

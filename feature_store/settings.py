@@ -365,7 +365,9 @@ class RetrievalSettings(_Section):
     user_columns: tuple[str, ...] = ("user", "history", "device", "country", "surface")
     """Embedded feature columns (of the ranker's schema) the user tower pools: request
     and user scope only, so one vector per request."""
-    video_columns: tuple[str, ...] = ("video", "creator", "category", "tags", "duration")
+    video_columns: tuple[str, ...] = (
+        "video", "creator", "category", "tags", "title", "duration",
+    )
     """Embedded feature columns the video tower pools: video scope only, so a video's
     vector can be computed once per export from the catalog."""
     table_dim: int = Field(16, ge=2, le=256)

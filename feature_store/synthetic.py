@@ -44,6 +44,8 @@ _OS = {"phone": ("android", "ios"), "tv": ("tizen", "webos"), "desktop": ("web",
        "tablet": ("android", "ios")}
 _COUNTRIES = ("US", "BR", "IN", "DE", "JP", "FR", "GB", "MX")
 _SURFACES = ("home", "home", "home", "related", "search")
+_SYLLABLES = ("ka", "lo", "mi", "ru", "te", "zo", "pa", "ni", "so", "ve", "da", "fu")
+_SHARED_WORDS = ("live", "best", "new", "top", "full", "official", "short", "daily")
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,22 @@ class SyntheticWorld:
         self.user_device = rng.integers(0, len(_DEVICES), size=cfg.users)
         self.user_country = rng.integers(0, len(_COUNTRIES), size=cfg.users)
         self._by_category = [np.flatnonzero(self.video_category == i) for i in range(c)]
+        self.video_titles = self._titles(np.random.default_rng(cfg.seed + 2))
         self._rng = np.random.default_rng(cfg.seed + 1)
         self._event_seq = 0
+
+    def _titles(self, rng: np.random.Generator) -> list[str]:
+        """A title per video: three words of its category's vocabulary and one shared
+        word, so a title says something of the category (from its own generator, so the
+        catalog and the stream are what they were before titles)."""
+        cfg = self.config
+        vocabulary = [[f"{_SYLLABLES[(c * 7 + k) % len(_SYLLABLES)]}{_SYLLABLES[k]}{c}"
+                       for k in range(8)] for c in range(cfg.categories)]
+        titles = []
+        for category in self.video_category.tolist():
+            own = rng.choice(vocabulary[category], size=3, replace=False).tolist()
+            titles.append(" ".join([*own, _SHARED_WORDS[int(rng.integers(len(_SHARED_WORDS)))]]))
+        return titles
 
     # --- ground truth -----------------------------------------------------
 
@@ -143,6 +159,7 @@ class SyntheticWorld:
             tags=self.video_tags[index],
             duration_ms=int(self.video_duration_ms[index]),
             uploaded_at=int(self.video_uploaded[index]),
+            title=self.video_titles[index],
         )
 
     @staticmethod

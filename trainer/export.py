@@ -22,7 +22,7 @@ import copy
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,6 +81,20 @@ def example_inputs(
     return tensors
 
 
+def dynamic_axes(schema: FeatureSchema, outputs: Sequence[str]) -> dict[str, dict[int, str]]:
+    """The legacy exporter's dynamic axes: ``B`` rows, ``S`` sequences, ``N_t`` table rows."""
+    axes: dict[str, dict[int, str]] = {name: {0: "B"} for name in model_io.input_names(schema)}
+    for col in schema.embedded:
+        if model_io.per_request(col):
+            axes[model_io.index_input(col.name)] = {0: "S"}
+    for table in schema.table_dims():
+        axes[model_io.embedding_input(table)] = {0: f"N_{table}"}
+    axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
+    for output in outputs:
+        axes[output] = {0: "B"}
+    return axes
+
+
 def export_onnx(
     model: WideDeep, schema: FeatureSchema, path: Path, exporter: Exporter = "torchscript"
 ) -> None:
@@ -92,15 +106,7 @@ def export_onnx(
     if exporter == "dynamo":
         _export_dynamo(module, schema, tables, example, names, path)
         return
-    axes: dict[str, dict[int, str]] = {name: {0: "B"} for name in names}
-    for col in schema.embedded:
-        if model_io.per_request(col):
-            axes[model_io.index_input(col.name)] = {0: "S"}
-    for table in tables:
-        axes[model_io.embedding_input(table)] = {0: f"N_{table}"}
-    axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
-    for output in model_io.OUTPUT_NAMES:
-        axes[output] = {0: "B"}
+    axes = dynamic_axes(schema, model_io.OUTPUT_NAMES)
     with ONNX_EXPORT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(

@@ -215,7 +215,7 @@ class OnlineTrainer:
         consumer = self.resources.event_log.consumer(self.cfg.group_id)
         fetcher = Fetcher(consumer, self.cfg.batch_size, self.cfg.max_wait_ms / 1000.0)
         self._fetcher = fetcher
-        self._follow_served(consumer)
+        self._retry(lambda: self._follow_served(consumer))  # the broker may still be starting
         self.state = "running"
         try:
             while not self._stop.is_set():

@@ -52,7 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from feature_store.catalog.base import Video
+from feature_store.catalog.base import MAX_TITLE_CHARS, Video
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.event_files import file_format, read_events, time_shift
 from feature_store.events import Event, EventType
@@ -148,9 +148,13 @@ def read_ml100k(directory: Path) -> tuple[list[Rating], list[Video]]:
                 "unknown"
             ]
             released = _parse_date(parts[2])
-            videos.append(_video(parts[0], genres, released))
+            videos.append(_video(parts[0], genres, released, title=parts[1]))
     return ratings, videos
 
+
+
+_YEAR = re.compile(r"\s*\(\d{4}\)\s*$")
+"""A MovieLens title's trailing year, which ``uploaded_at`` already says."""
 
 def _parse_date(text: str) -> datetime | None:
     try:
@@ -160,10 +164,16 @@ def _parse_date(text: str) -> datetime | None:
 
 
 def _video(
-    item: str, genres: list[str], released: datetime | None, year: int | None = None
+    item: str,
+    genres: list[str],
+    released: datetime | None,
+    year: int | None = None,
+    title: str = "",
 ) -> Video:
+    """A movie as a catalog record; its title without the trailing ``(year)``."""
     year = released.year if released else year
     return Video(
+        title=_YEAR.sub("", title)[:MAX_TITLE_CHARS],
         video_id=f"ml{item}",
         creator_id=_decade(year),
         category=_tag(genres[0])[:64],
@@ -189,7 +199,7 @@ def read_ml_latest(directory: Path) -> tuple[list[Rating], list[Video]]:
             genres = [g for g in listed if g and g != "(no genres listed)"]
             videos.append(
                 _video(row["movieId"], genres or ["unknown"], None,
-                       int(match.group(1)) if match else None)
+                       int(match.group(1)) if match else None, row.get("title", ""))
             )
     return ratings, videos
 

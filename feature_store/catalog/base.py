@@ -18,6 +18,9 @@ from feature_store.errors import InvalidInput
 from feature_store.events import check_id, strict_input, translate_pydantic_error
 from feature_store.settings import EventLimits
 
+MAX_TITLE_CHARS = 300
+MAX_DESCRIPTION_CHARS = 5000
+
 
 class Video(BaseModel):
     """One video in the catalog."""
@@ -35,6 +38,12 @@ class Video(BaseModel):
     """Upload time, ms since the Unix epoch."""
     hidden: bool = False
     """Hidden videos are never recommended (takedowns, privacy, quality)."""
+    title: str = Field("", max_length=MAX_TITLE_CHARS)
+    """What the video is called. Its words (and pairs of words) are a feature of the
+    ranker and the video tower (``title_tokens``), so a video nobody has watched yet has
+    a meaningful vector from its first request."""
+    description: str = Field("", max_length=MAX_DESCRIPTION_CHARS)
+    """Optional longer text; its first words count with the title's."""
 
 
 def validate_video(data: object, limits: EventLimits, now_ms: int | None = None) -> Video:

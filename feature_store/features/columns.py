@@ -30,6 +30,7 @@ exported model and checked by the server.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -125,6 +126,27 @@ def _duration_bucket(row: FeatureRow) -> str:
 @source("tags", "multi", _V, fields=("tags",))
 def _tags(row: FeatureRow) -> list[str]:
     return list(row.video.tags) if row.video else []
+
+
+TEXT_WORD = re.compile(r"[^\W_]+")
+"""A word of a title or description: letters and digits, any script."""
+DESCRIPTION_WORDS = 20
+"""Words of a description that count (its beginning says what the video is)."""
+
+
+def text_tokens(title: str, description: str = "") -> list[str]:
+    """A video's text as tokens, most telling first, each once: the title's words, the
+    title's pairs of adjacent words (``star_wars``), the description's first words.
+    Lower-cased; hashing makes any vocabulary a key space of its own."""
+    words = TEXT_WORD.findall(title.lower())
+    pairs = [f"{a}_{b}" for a, b in zip(words, words[1:], strict=False)]
+    described = TEXT_WORD.findall(description.lower())[:DESCRIPTION_WORDS]
+    return list(dict.fromkeys([*words, *pairs, *described]))
+
+
+@source("title_tokens", "multi", _V, fields=("title", "description"))
+def _title_tokens(row: FeatureRow) -> list[str]:
+    return text_tokens(row.video.title, row.video.description) if row.video else []
 
 
 @source("history_videos", "multi", _U)

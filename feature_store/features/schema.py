@@ -188,6 +188,7 @@ def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
             Categorical("position", "position_bucket", dim=4),
             Categorical("duration", "duration_bucket", dim=4),
             MultiValued("tags", "tags", dim=8, max_len=8),
+            MultiValued("title", "title_tokens", dim=8, max_len=16),
             # Shares the video table: a watched video and a candidate video
             # are the same row, so history pooling speaks the video's language.
             MultiValued("history", "history_videos", dim=16, max_len=history_len, table="video"),

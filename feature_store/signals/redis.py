@@ -6,8 +6,9 @@ uploads per creator, one hash of each video's category and one trending
 sorted set per category (plus the set of those categories). Writes are
 pipelined per batch (category trending first reads the batch's categories:
 one more round trip), reads are one pipelined round trip. Increments are
-commutative (``ZINCRBY``), so several trainers may record concurrently; the rare rescale of the trending scores runs as a
-``WATCH``/``MULTI`` transaction on the landmark so that it happens once.
+commutative (``ZINCRBY``), so several trainers may record concurrently; the
+rare rescale of the trending scores runs as a ``WATCH``/``MULTI`` transaction
+on the landmark so that it happens once.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ def random_schema(rng: np.random.Generator) -> FeatureSchema:
         columns.append(Categorical(name, source, dim=int(rng.choice([2, 4])), table=table,
                                    wide=bool(rng.random() < 0.8)))
     columns.append(MultiValued("m_tags", "tags", dim=3, max_len=int(rng.integers(1, 6))))
+    columns.append(MultiValued("m_title", "title_tokens", dim=2, max_len=int(rng.integers(1, 9))))
     columns.append(MultiValued("m_history", "history_videos", dim=2,
                                max_len=int(rng.integers(1, 9)), table="video"))
     if rng.random() < 0.7:  # the recent actions, attended by the candidate
@@ -103,6 +104,8 @@ def random_world(
                                                    replace=False)),
             duration_ms=int(rng.integers(1_000, 3_600_000)),
             uploaded_at=TS - int(rng.integers(0, 10**10)),
+            title=" ".join(f"w{w}" for w in rng.choice(12, size=int(rng.integers(0, 6)))),
+            description="Über Café w3" if rng.random() < 0.3 else "",
         )
         for i in range(n)
     ]
@@ -244,7 +247,8 @@ def test_sources_read_only_the_catalog_fields_they_declare(name: str) -> None:
     base = Video(video_id="v1", creator_id="c1", category="k1", tags=("a", "b"),
                  duration_ms=90_000, uploaded_at=TS - 3_600_000)
     changes = {"video_id": "v2", "creator_id": "c2", "category": "k2", "tags": ("z",),
-               "duration_ms": 5_000, "uploaded_at": TS - 9, "hidden": True}
+               "duration_ms": 5_000, "uploaded_at": TS - 9, "hidden": True,
+               "title": "Another one", "description": "and more"}
     for field, value in changes.items():
         if field in source.fields:
             continue

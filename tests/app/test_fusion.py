@@ -103,17 +103,13 @@ def publish_single_output(registry: ModelRegistry, seed: int = 0) -> str:
     """A version as exported before heads: one output, ``score``."""
     import torch
 
-    from trainer.export import OPSET, example_inputs
+    from trainer.export import OPSET, dynamic_axes, example_inputs
     from trainer.model import WideDeep
 
     torch.manual_seed(seed)
     model = WideDeep(SCHEMA, hidden=(32, 16)).eval()
     names = model_io.input_names(SCHEMA)
-    axes: dict[str, dict[int, str]] = {name: {0: "B"} for name in names}
-    for table in SCHEMA.table_dims():
-        axes[model_io.embedding_input(table)] = {0: f"N_{table}"}
-    axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
-    axes[model_io.SCORE] = {0: "B"}
+    axes = dynamic_axes(SCHEMA, [model_io.SCORE])
     example = example_inputs(SCHEMA, 4, np.random.default_rng(0), rows_per_table=6, wide_rows=9)
 
     def export(path: Path) -> None:

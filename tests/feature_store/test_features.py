@@ -101,7 +101,7 @@ def test_extraction_indexes_unique_keys_per_table() -> None:
     for r, idx in zip(rows, batch.column_indices["video"], strict=True):
         assert pulled[feature_key("video", r.video_id)] == idx
     history = batch.column_indices["history"]
-    assert history.shape == (3, schema.multi_valued[1].max_len)
+    assert history.shape == (3, next(c.max_len for c in schema.multi_valued if c.name == "history"))
     pad = len(video_keys)
     v2, v3 = pulled[feature_key("video", "v2")], pulled[feature_key("video", "v3")]
     assert list(history[0][:3]) == [v2, v3, pad]
@@ -154,3 +154,17 @@ def test_schema_hash_changes_with_the_columns() -> None:
 def test_invalid_schemas_are_refused(columns: tuple[object, ...]) -> None:
     with pytest.raises(ConfigurationError):
         FeatureSchema(columns=columns)  # type: ignore[arg-type]
+
+
+def test_a_videos_text_is_its_words_then_pairs_then_its_descriptions_first_words() -> None:
+    from feature_store.features.columns import DESCRIPTION_WORDS, text_tokens
+
+    assert text_tokens("Star Wars: Episode IV", "A space opera. Wars!") == [
+        "star", "wars", "episode", "iv", "star_wars", "wars_episode", "episode_iv",
+        "a", "space", "opera",
+    ]
+    assert text_tokens("Café Über_alles 2") == ["café", "über", "alles", "2", "café_über",
+                                                "über_alles", "alles_2"]
+    long = " ".join(f"w{i}" for i in range(100))
+    assert len(text_tokens("", long)) == DESCRIPTION_WORDS
+    assert text_tokens("") == []
