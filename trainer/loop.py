@@ -600,8 +600,20 @@ class OnlineTrainer:
                     path.unlink()
         if seq is not None:
             directory = self.checkpointer.path(seq)
+            state = json.loads((directory / STATE_FILE).read_text())
+            same_schema = state.get("schema_hash") in (None, self.schema.schema_hash())
             dense = torch.load(directory / DENSE_FILE, weights_only=True)
-            if upgrade_state_dict(self.model, dense["model"]):
+            if not same_schema:
+                # Written for other columns (an upgrade that changed the schema): the
+                # network's inputs, the towers' columns and the pending impressions'
+                # packed values mean something else. Sparse rows (keyed by value),
+                # histories, counters and positions still hold, and are kept.
+                log.warning(
+                    "checkpoint %d was written for schema %s, this trainer's is %s: the "
+                    "dense network, the towers and the pending impressions start afresh",
+                    seq, state.get("schema_hash"), self.schema.schema_hash(),
+                )
+            elif upgrade_state_dict(self.model, dense["model"]):
                 # A checkpoint from before heads: its output is the engagement head's
                 # row; the other heads start fresh, and so does Adam (its moments
                 # have the old layer's shape).
@@ -611,7 +623,7 @@ class OnlineTrainer:
                 self.model.load_state_dict(dense["model"])
                 self.trainer.optimizer.load_state_dict(dense["optimizer"])
             self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
-            if self.retrieval is not None:
+            if self.retrieval is not None and same_schema:
                 self.retrieval.restore(directory)
             if not self.durable_sparse:
                 for name, table in self.resources.tables.items():
@@ -619,11 +631,12 @@ class OnlineTrainer:
                         table.restore(directory / "sparse" / name)
             if self.in_process_stores and (directory / "activity").is_dir():
                 self.resources.activity.restore(directory / "activity")
-            state = json.loads((directory / STATE_FILE).read_text())
             self.positions = {int(p): int(o) for p, o in state["positions"].items()}
             self.log_times = {int(p): int(t) for p, t in state.get("log_times", {}).items()}
             shown_file = directory / SHOWN_FILE
             shown = np.load(shown_file) if shown_file.is_file() else np.zeros((0, 0), np.uint64)
+            if not same_schema:
+                shown = np.zeros((0, 0), np.uint64)
             self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
             if "watch_quantiles" in state:
                 self.joiner.policy.watch.load_state(state["watch_quantiles"])

@@ -83,6 +83,9 @@ class WideDeep(nn.Module):
             if not attended
         )
         deep_in += sum(block.out_dim for block in self.blocks) + self.n_dense
+        self.dots = [(position[d.columns[0]], position[d.columns[1]]) for d in schema.dots]
+        """Per :class:`~feature_store.features.columns.Dot`: the positions of its columns."""
+        self.dot_scale = nn.Parameter(torch.ones(len(self.dots)))
         layers: list[nn.Module] = []
         width = deep_in
         for h in hidden:
@@ -106,12 +109,14 @@ class WideDeep(nn.Module):
         padded = [torch.cat([t, t.new_zeros(1, t.shape[1])], dim=0) for t in tables]
         parts: list[Tensor] = []
         gathered: list[Tensor] = []
+        rows_of: list[Tensor] = []  # per embedded column, its row (pooled) per batch row
         for (table, mean), multi, attended, idx in zip(
             self.columns, self.multi, self.attended, indices, strict=True
         ):
             rows = padded[table][idx]
             gathered.append(rows)
             if attended:
+                rows_of.append(rows)
                 continue
             if multi:
                 pooled = rows.sum(dim=1)
@@ -120,11 +125,17 @@ class WideDeep(nn.Module):
                     pooled = pooled / count.clamp(min=1).to(pooled.dtype)
                 rows = pooled
             parts.append(rows)
+            rows_of.append(rows)
         for block in self.blocks:
             parts.append(block(gathered, indices, tables, sequence_row))
         parts.append(self.dense_norm(dense))
         deep = self.mlp(torch.cat(parts, dim=1))
         wide = wide_weights[wide_idx].sum(dim=(1, 2))
+        if self.dots:
+            products = torch.stack(
+                [(rows_of[a] * rows_of[b]).sum(dim=1) for a, b in self.dots], dim=1
+            )
+            wide = wide + products @ self.dot_scale
         engagement = deep[:, :1] + (wide + self.bias).unsqueeze(1)
         return torch.cat([engagement, deep[:, 1:]], dim=1)
 

@@ -273,4 +273,15 @@ class Attention:
     heads: int = 2
 
 
-Column = Categorical | MultiValued | Crossed | Dense | Attention
+@dataclass(frozen=True)
+class Dot:
+    """The inner product of two embedded columns' rows (one categorical or pooled
+    multi-valued row each, of one width), added to the engagement logit with a learnt
+    scale: a factorisation term (the user's row against the video's, the pooled history
+    against the video's) that an MLP over concatenated rows learns only slowly."""
+
+    name: str
+    columns: tuple[str, str]
+
+
+Column = Categorical | MultiValued | Crossed | Dense | Attention | Dot

@@ -18,6 +18,7 @@ from feature_store.features.columns import (
     Column,
     Crossed,
     Dense,
+    Dot,
     MultiValued,
 )
 from feature_store.features.sources import declared
@@ -53,6 +54,8 @@ class FeatureSchema:
                 raise ConfigurationError(f"{col.name}: crosses must name categorical columns")
         for block in self.attention:
             self._check_attention(block)
+        for dot in self.dots:
+            self._check_dot(dot)
         dims: dict[str, int] = {}
         for col in self.embedded:
             table = col.table_name()
@@ -86,6 +89,20 @@ class FeatureSchema:
                 )
         if block.width % block.heads:
             raise ConfigurationError(f"{block.name}: width must be a multiple of heads")
+
+    def _check_dot(self, dot: Dot) -> None:
+        embedded = {c.name: c for c in self.embedded}
+        found = [embedded.get(name) for name in dot.columns]
+        ok = all(c is not None and not (isinstance(c, MultiValued) and c.pooling == "attention")
+                 for c in found)
+        if not ok or len({c.dim for c in found if c is not None}) != 1:
+            raise ConfigurationError(
+                f"{dot.name}: a dot takes two embedded (not attention) columns of one width"
+            )
+
+    @property
+    def dots(self) -> list[Dot]:
+        return [c for c in self.columns if isinstance(c, Dot)]
 
     @property
     def attention(self) -> list[Attention]:
@@ -121,6 +138,8 @@ class FeatureSchema:
         """Embedding tables and their row width, in first-use order."""
         for block in self.attention:
             self._check_attention(block)
+        for dot in self.dots:
+            self._check_dot(dot)
         dims: dict[str, int] = {}
         for col in self.embedded:
             dims.setdefault(col.table_name(), col.dim)
@@ -193,6 +212,8 @@ def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
             # are the same row, so history pooling speaks the video's language.
             MultiValued("history", "history_videos", dim=16, max_len=history_len, table="video"),
             *sequence_columns(history_len),
+            Dot("user_dot_video", ("user", "video")),
+            Dot("history_dot_video", ("history", "video")),
             Crossed("user_x_category", ("user", "category")),
             Crossed("user_x_creator", ("user", "creator")),
             Crossed("video_x_device", ("video", "device")),
