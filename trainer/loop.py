@@ -602,26 +602,7 @@ class OnlineTrainer:
             directory = self.checkpointer.path(seq)
             state = json.loads((directory / STATE_FILE).read_text())
             same_schema = state.get("schema_hash") in (None, self.schema.schema_hash())
-            dense = torch.load(directory / DENSE_FILE, weights_only=True)
-            if not same_schema:
-                # Written for other columns (an upgrade that changed the schema): the
-                # network's inputs, the towers' columns and the pending impressions'
-                # packed values mean something else. Sparse rows (keyed by value),
-                # histories, counters and positions still hold, and are kept.
-                log.warning(
-                    "checkpoint %d was written for schema %s, this trainer's is %s: the "
-                    "dense network, the towers and the pending impressions start afresh",
-                    seq, state.get("schema_hash"), self.schema.schema_hash(),
-                )
-            elif upgrade_state_dict(self.model, dense["model"]):
-                # A checkpoint from before heads: its output is the engagement head's
-                # row; the other heads start fresh, and so does Adam (its moments
-                # have the old layer's shape).
-                self.model.load_state_dict(dense["model"])
-                log.warning("checkpoint %d has one output: heads added, optimizer reset", seq)
-            else:
-                self.model.load_state_dict(dense["model"])
-                self.trainer.optimizer.load_state_dict(dense["optimizer"])
+            self._restore_network(seq, directory, state, same_schema)
             self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
             if self.retrieval is not None and same_schema:
                 self.retrieval.restore(directory)
@@ -645,6 +626,32 @@ class OnlineTrainer:
             self.seq = seq
             log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)
         self._replay_journal()
+
+    def _restore_network(
+        self, seq: int, directory: Path, state: dict[str, Any], same_schema: bool
+    ) -> None:
+        """The dense network and its optimizer from checkpoint ``seq``, unless it was
+        written for another schema (an upgrade that changed the columns)."""
+        if not same_schema:
+            # The network's inputs, the towers' columns and the pending impressions'
+            # packed values mean something else. Sparse rows (keyed by value),
+            # histories, counters and positions still hold, and are kept.
+            log.warning(
+                "checkpoint %d was written for schema %s, this trainer's is %s: the "
+                "dense network, the towers and the pending impressions start afresh",
+                seq, state.get("schema_hash"), self.schema.schema_hash(),
+            )
+            return
+        dense = torch.load(directory / DENSE_FILE, weights_only=True)
+        if upgrade_state_dict(self.model, dense["model"]):
+            # A checkpoint from before heads: its output is the engagement head's
+            # row; the other heads start fresh, and so does Adam (its moments
+            # have the old layer's shape).
+            self.model.load_state_dict(dense["model"])
+            log.warning("checkpoint %d has one output: heads added, optimizer reset", seq)
+        else:
+            self.model.load_state_dict(dense["model"])
+            self.trainer.optimizer.load_state_dict(dense["optimizer"])
 
     def _replay_journal(self) -> None:
         journal = self.root / JOURNAL_FILE

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from feature_store.features.keys import feature_key
 from feature_store.runtime import open_resources
+from feature_store.settings import FeatureSettings
 from feature_store.synthetic import SyntheticWorld
 from feature_store.timeseries import MemorySeries
 from tests.trainer.helpers import WORLD, seed, trainer_settings, wait_until
@@ -88,6 +89,41 @@ def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
         for line in path.read_text().split()
     ]
     assert sorted(trained) == sorted(e.event_id for e in events)
+
+
+def test_a_checkpoint_of_another_schema_keeps_what_still_holds(tmp_path: Path) -> None:
+    """An upgrade that changed the columns: the trainer starts, resumes at its positions
+    with its sparse rows and histories, and starts its network afresh."""
+    world = SyntheticWorld(WORLD)
+    events = world.events(4_000)
+    user_keys = np.unique(
+        np.array([feature_key("user", e.user_id) for e in events[:200]], dtype=np.uint64)
+    )
+    with open_resources(trainer_settings(tmp_path)) as resources:
+        seed(resources, world, events[:2_000])
+        trainer = TrainerComponent(resources)
+        trainer.start()
+        wait_until(lambda: trainer.status()["events_total"] >= 2_000, 60, "the first half")
+        trainer.stop()
+        rows = resources.tables["user"].pull(user_keys)
+        positions = trainer.status()["positions"]
+
+    changed = trainer_settings(tmp_path).model_copy(
+        update={"features": FeatureSettings(user_attributes=True)}  # more columns
+    )
+    with open_resources(changed) as resources:
+        resources.event_log.produce(events[2_000:])
+        restored = OnlineTrainer(resources)
+        restored.restore()
+        assert restored.seq == 1 and restored.metrics.events_total == 2_000
+        assert {str(p): o for p, o in restored.positions.items()} == positions
+        np.testing.assert_array_equal(resources.tables["user"].pull(user_keys), rows)
+        assert len(restored.joiner) == 0  # impressions packed for the old columns: dropped
+        restored.trainer.close()
+        trainer = TrainerComponent(resources)
+        trainer.start()
+        wait_until(lambda: trainer.status()["events_total"] >= 4_000, 60, "the second half")
+        trainer.stop()
 
 
 def test_component_controls_metrics_and_export(tmp_path: Path) -> None:
