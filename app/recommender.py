@@ -36,26 +36,27 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from app.candidates.retrieval import Candidate, CandidateFilter, Pool, Retriever
 from app.candidates.sources import REQUEST, CandidateQuery
 from app.experiments.arms import ArmModels, Assignment
+from app.explain import explanations, summary
 from app.metrics import Metrics
-from app.rerank import Reranker
+from app.rerank import Reranker, RerankTrace
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder
-from app.scoring.ranking import fuse, ranking_bonus, top_k
+from app.scoring.ranking import bonus_terms, fuse, top_k
 from app.scoring.retrieval import RetrievalModel
 from app.scoring.scorer import Scorer
 from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
-from feature_store.features.batch import Indices
+from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
 from feature_store.worker import periodic
@@ -207,8 +208,13 @@ class Recommender:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
-        ranked, order = self._rank(request, query, found, scores, affinity, count, model, fusion)
-        response = self._respond(found, ranked, order, model.version, reason, assigned)
+        ranked = self._rank(request, query, found, scores, affinity, count, model, fusion)
+        order = ranked.order
+        explained = None
+        if request.explain and features is not None:
+            explained = self._explain(found, ranked, scores, model, features, fusion)
+        response = self._respond(found, ranked.scores, order, model.version, reason, assigned,
+                                 explained)
         if self.served_log is not None and features is not None:
             self.served_log.record(Served(  # the model's own scores: its prequential AUC
                 response.recommendation_id, request.user_id, now_ms, model.version,
@@ -271,10 +277,10 @@ class Recommender:
         count: int,
         model: LoadedModel,
         fusion: Fusion | None,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> Ranked:
         """The reranked scores and the response's rows, best first, by :func:`fuse`."""
         covisits = found.pool.covisits
-        bonus = ranking_bonus(
+        terms = bonus_terms(
             len(found.ids),
             affinity,
             np.fromiter((covisits.get(v, 0.0) for v in found.ids), np.float64, len(found.ids))
@@ -282,18 +288,39 @@ class Recommender:
             self.settings.retrieval_weight,
             self.settings.covisit_weight,
         )
+        bonus = terms[0] + terms[1]
         if self.rerank is None or not len(found.ids):
-            return scores, top_k(fuse(scores, bonus), count)
+            return Ranked(scores, top_k(fuse(scores, bonus), count), terms)
 
         def anonymous(positions: np.ndarray) -> np.ndarray:
             return self.scorer.anonymous_scores(
                 model, query.now_ms, request.context, found.rows[positions], fusion
             )
 
-        return self.rerank.rerank(
+        trace = RerankTrace() if request.explain else None
+        reranked, order = self.rerank.rerank(
             request.user_id, query.now_ms, query.history, request.exclude_served, found.ids,
-            self.scorer.extractor.table, found.rows, scores, count, bonus, anonymous,
+            self.scorer.extractor.table, found.rows, scores, count, bonus, anonymous, trace,
         )
+        return Ranked(reranked, order, terms, trace)
+
+    def _explain(
+        self,
+        found: Found,
+        ranked: Ranked,
+        model_scores: np.ndarray,
+        model: LoadedModel,
+        features: BatchFeatures,
+        fusion: Fusion | None,
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Per item and for the response, why it was shown (:mod:`app.explain`)."""
+        heads = self.scorer.head_scores(model, features)
+        items = explanations(
+            ranked.order, found.pool.proposers, found.ids, heads, model_scores,
+            ranked.scores, ranked.terms, ranked.trace,
+        )
+        used = fusion or self.scorer.fusion
+        return items, summary(used, self.settings, len(found.ids), ranked.trace)
 
     def _respond(
         self,
@@ -303,22 +330,29 @@ class Recommender:
         version: str | None,
         reason: str | None,
         arm: Assignment | None = None,
+        explained: tuple[list[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> RecommendResponse:
-        """The response of the rows ``order`` (best first), each with its ``scores`` value."""
+        """The response of the rows ``order`` (best first), each with its ``scores`` value
+        (and, explained, each item's explanation and the response's)."""
         ids, sources = found.ids, found.sources
+        items = [
+            {"video_id": ids[i], "score": score, "source": sources[i]}
+            for i, score in zip(order.tolist(), scores[order].tolist(), strict=True)
+        ]
+        if explained is not None:
+            for item, why in zip(items, explained[0], strict=True):
+                item["explanation"] = why
         # Plain dicts validated in one pydantic-core call: 3x cheaper than 20 model objects.
         return RecommendResponse.model_validate(
             {
                 "recommendation_id": uuid.uuid4().hex,
                 "model_version": version,
-                "items": [
-                    {"video_id": ids[i], "score": score, "source": sources[i]}
-                    for i, score in zip(order.tolist(), scores[order].tolist(), strict=True)
-                ],
+                "items": items,
                 "fallback": reason is not None,
                 "fallback_reason": reason,
                 "degraded": False,
                 "experiment": None if arm is None else {"id": arm.experiment, "arm": arm.arm},
+                "explanation": None if explained is None else explained[1],
             }
         )
 
@@ -349,6 +383,19 @@ class Recommender:
             fallback_reason=reason,
             degraded=True,
         )
+
+
+class Ranked(NamedTuple):
+    """The ranking of a request's candidates."""
+
+    scores: np.ndarray
+    """The reranked probabilities (each item's ``score``)."""
+    order: np.ndarray
+    """The response's candidate positions, best first."""
+    terms: tuple[np.ndarray, np.ndarray]
+    """The ranking's bonus terms (:func:`~app.scoring.ranking.bonus_terms`)."""
+    trace: RerankTrace | None = None
+    """What the rerank did (an explained request only)."""
 
 
 class Found(NamedTuple):

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-from app.cold_start import ColdStart, NewVideos
+from app.cold_start import ColdStart, NewVideos, logit
 from app.scoring.ranking import fuse, top_k
 from app.scoring.video_table import VideoTable
 from feature_store.activity.base import HistoryEntry
@@ -151,6 +152,21 @@ def capped(ranked: Sequence[int], creators: Sequence[int], count: int, cap: int)
     return out
 
 
+@dataclass
+class RerankTrace:
+    """What one rerank did, kept when a request asks for an explanation."""
+
+    new: NewVideos | None = None
+    """The new videos among the candidates, with their priors."""
+    lift: npt.NDArray[np.float64] | None = None
+    """Per new video, the user's lift (log-odds against an anonymous user; None: none)."""
+    explored: Indices = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Positions that took an exploration slot."""
+    creator_factor: npt.NDArray[np.float64] | None = None
+    """Per candidate, the factor of the creator demotion (None: none demoted)."""
+    excluded: int = 0
+
+
 class Reranker:
     """Applies the steps of the module docstring. Thread-safe."""
 
@@ -185,12 +201,14 @@ class Reranker:
         count: int,
         bonus: npt.NDArray[np.float64] | None = None,
         anonymous: AnonymousScores | None = None,
+        trace: RerankTrace | None = None,
     ) -> tuple[Scores, Indices]:
         """Reranked scores, and the response's rows in ``video_ids`` best first.
         ``bonus``: what the ranking adds to the log of a score
         (:func:`app.scoring.ranking.ranking_bonus`); merit is ``log score + bonus``.
         ``anonymous``: the model's scores of candidate positions for an anonymous user
-        (asked for the new videos only; None: no lift, see :mod:`app.cold_start`)."""
+        (asked for the new videos only; None: no lift, see :mod:`app.cold_start`).
+        ``trace``: filled with what was done (an explained request)."""
         s = self.settings
         view = self.feedback.read(user_id, now_ms)
         served = s.exclude_served if exclude_served is None else exclude_served
@@ -199,8 +217,11 @@ class Reranker:
         by_row, uploaded = facts.of_rows(table, rows)
         new = self.cold_start.new_videos(table, rows, uploaded, now_ms)
         out = scores.astype(np.float64)
+        reference = None
         if len(new.positions):
             reference = anonymous(new.positions) if anonymous is not None else None
+            if trace is not None and reference is not None:
+                trace.lift = logit(out[new.positions]) - logit(reference)
             out[new.positions] = self.cold_start.blend(new, out[new.positions], reference)
         creators: list[int] = []
         factor = None
@@ -214,9 +235,13 @@ class Reranker:
                 out *= factor
         slots = self.cold_start.slots(min(count, int((~drop).sum()))) if new.fresh.any() else 0
         rank = fuse(out, bonus)
+        if trace is not None:
+            trace.new, trace.creator_factor, trace.excluded = new, factor, int(drop.sum())
         if not (drop.any() or slots or s.max_per_creator):
             return out.astype(np.float32), top_k(rank, count)
         explored = self._explore(new, drop, slots, factor)
+        if trace is not None:
+            trace.explored = explored
         keep = ~drop
         keep[explored] = False
         merit = np.flatnonzero(keep)

@@ -61,6 +61,58 @@ class RecommendRequest(_Request):
     """Drop videos served to the user within ``rerank.served_window_s`` that got no
     engagement (None: the ``rerank.exclude_served`` setting)."""
     filters: Filters = Filters()
+    explain: bool = False
+    """Add an ``explanation`` to each item and to the response: why it was shown (its
+    sources, each head's probability, the bonus terms, what the rerank did). Costs a
+    second model run; for debugging and support tools, not every request."""
+
+
+class RerankNote(_Response):
+    """What the rerank did to one item (docs/rerank.md)."""
+
+    new_video: bool = False
+    """Exposure below ``rerank.new_video_impressions``: scored its prior moved by the
+    user's lift, blending into the model's score with exposure."""
+    prior: float | None = None
+    """A new video's calibrated posterior mean."""
+    lift: float | None = None
+    """A new video's lift: log-odds of the model's score for this user minus for an
+    anonymous user."""
+    explored: bool = False
+    """Took one of the ``rerank.exploration_budget`` slots (Thompson sampling)."""
+    creator_factor: float | None = None
+    """The factor the score was multiplied by because the user disliked the creator."""
+
+
+class ItemExplanation(_Response):
+    """Why one item was shown (``explain: true``)."""
+
+    sources: list[str]
+    """Every candidate source that proposed the video (``request``: the caller's)."""
+    heads: dict[str, float]
+    """Each ranking head's prediction (engagement, watch, negative) the version has."""
+    model_score: float
+    """The heads fused (``api.ranking_weights`` or the experiment arm's), before the rerank."""
+    affinity_bonus: float
+    """``retrieval_weight * (cosine - best cosine)``: the two-tower term of the ranking."""
+    covisit_bonus: float
+    """``covisit_weight * log1p(co-visitation count)``: the co-visitation term."""
+    ranking: float
+    """The sort key: ``log(score) + affinity_bonus + covisit_bonus``."""
+    rerank: RerankNote
+
+
+class ResponseExplanation(_Response):
+    """What applies to every item of an explained response."""
+
+    fusion: dict[str, float]
+    """The weights over the heads that made ``model_score``."""
+    retrieval_weight: float
+    covisit_weight: float
+    candidates: int
+    """Candidates scored (after the filters)."""
+    excluded: int
+    """Candidates the rerank excluded (disliked; served without engagement)."""
 
 
 class RecommendItem(_Response):
@@ -72,7 +124,10 @@ class RecommendItem(_Response):
     retrieval and co-visitation bonuses, exploration slots and the creator cap, so an
     item may follow one with a lower score."""
     source: str
-    """Candidate source: embedding, covisit, creators, trending, fresh or request."""
+    """Candidate source: embedding, covisit, categories, creators, trending, fresh or
+    request (the first of several that proposed it)."""
+    explanation: ItemExplanation | None = None
+    """Why it was shown (with ``explain: true`` only)."""
 
 
 class ExperimentArm(_Response):
@@ -102,6 +157,8 @@ class RecommendResponse(_Response):
     experiment: ExperimentArm | None = None
     """The experiment arm whose model ranked the items; None outside any experiment (and
     in fallbacks)."""
+    explanation: ResponseExplanation | None = None
+    """With ``explain: true`` on a model-ranked response: what applies to every item."""
 
 
 class BatchRecommendRequest(_Request):

@@ -9,6 +9,30 @@ from __future__ import annotations
 import numpy as np
 
 
+def bonus_terms(
+    size: int,
+    affinity: np.ndarray | None,
+    covisits: np.ndarray | None,
+    retrieval_weight: float,
+    covisit_weight: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The two terms the ranking adds to ``log p``, per candidate:
+    ``retrieval_weight * (affinity - max affinity)`` and
+    ``covisit_weight * log1p(covisit count)``.
+
+    ``affinity`` is the cosine of user and video vectors (None: no towers);
+    ``covisits`` how often each candidate was co-watched with the user's recent
+    watches (None: none known). Subtracting the best affinity keeps the term at
+    most 0, so it only reorders within the request.
+    """
+    towers, covisited = np.zeros(size), np.zeros(size)
+    if affinity is not None and len(affinity) and retrieval_weight:
+        towers = retrieval_weight * (affinity - affinity.max())
+    if covisits is not None and covisit_weight:
+        covisited = covisit_weight * np.log1p(covisits)
+    return towers, covisited
+
+
 def ranking_bonus(
     size: int,
     affinity: np.ndarray | None,
@@ -16,20 +40,9 @@ def ranking_bonus(
     retrieval_weight: float,
     covisit_weight: float,
 ) -> np.ndarray:
-    """What the ranking adds to ``log p``: ``retrieval_weight * (affinity - max
-    affinity) + covisit_weight * log1p(covisit count)``, per candidate.
-
-    ``affinity`` is the cosine of user and video vectors (None: no towers);
-    ``covisits`` how often each candidate was co-watched with the user's recent
-    watches (None: none known). Subtracting the best affinity keeps the term at
-    most 0, so it only reorders within the request.
-    """
-    bonus = np.zeros(size)
-    if affinity is not None and len(affinity) and retrieval_weight:
-        bonus += retrieval_weight * (affinity - affinity.max())
-    if covisits is not None and covisit_weight:
-        bonus += covisit_weight * np.log1p(covisits)
-    return bonus
+    """What the ranking adds to ``log p``: the sum of :func:`bonus_terms`."""
+    towers, covisited = bonus_terms(size, affinity, covisits, retrieval_weight, covisit_weight)
+    return towers + covisited
 
 
 def top_k(ranking: np.ndarray, count: int) -> np.ndarray:

@@ -124,6 +124,16 @@ class Scorer:
         n = batch.batch_size
         return fusion.fuse({h: p[:n] for h, p in model.run_heads(feed).items()})
 
+    def head_scores(
+        self, model: LoadedModel, batch: BatchFeatures
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """Every head's prediction for the rows of ``batch`` (an explanation's second run)."""
+        rows, wide = self.pull(batch, model)
+        padded = pad_batch(batch, model.bucket(batch.batch_size))
+        feed = model_io.build_feed(self.schema, padded, rows, wide)
+        n = batch.batch_size
+        return {head: p[:n] for head, p in model.run_heads(feed).items()}
+
     def select(
         self, video_ids: Sequence[str], keep: CandidateFilter, cap: int
     ) -> tuple[list[int] | None, Indices]:

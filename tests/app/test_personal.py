@@ -223,3 +223,32 @@ def test_the_demo_has_a_personalisation_figure(trained: Trained, tmp_path: Path)
     figures = demo.window.figures()
     assert figures["favourite_share"] is not None and 0 <= figures["favourite_share"] <= 1
     assert figures["popular_favourite_share"] is not None
+
+
+def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
+    """Issue #25: sources, each head, the fusion, the bonus terms, what the rerank did."""
+    user = trained.world.user_id(int(np.argmax(trained.world.user_activity)))
+    body = {"user_id": user, "count": 10, "explain": True}
+    response = trained.client.post("/v1/recommend", json=body).json()
+    explained = response["explanation"]
+    assert explained["fusion"] == {"engagement": 1.0} and explained["candidates"] > 10
+    assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.0
+    rankings = []
+    for item in response["items"]:
+        why = item["explanation"]
+        assert item["source"] == why["sources"][0]  # the first proposer names the item
+        assert set(why["heads"]) >= {"engagement"}
+        assert why["model_score"] == pytest.approx(why["heads"]["engagement"], rel=1e-5)
+        assert why["affinity_bonus"] <= 0 <= why["covisit_bonus"]
+        assert why["ranking"] == pytest.approx(
+            np.log(item["score"]) + why["affinity_bonus"] + why["covisit_bonus"], rel=1e-5
+        )
+        if why["rerank"]["new_video"]:
+            assert 0 < why["rerank"]["prior"] < 1 and why["rerank"]["lift"] is not None
+        else:
+            assert item["score"] == pytest.approx(why["model_score"], rel=1e-5)
+        if not why["rerank"]["explored"]:
+            rankings.append(why["ranking"])
+    assert rankings == sorted(rankings, reverse=True)  # the sort key, exploration aside
+    plain = trained.client.post("/v1/recommend", json={**body, "explain": False}).json()
+    assert plain["explanation"] is None and plain["items"][0]["explanation"] is None
