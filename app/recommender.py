@@ -223,6 +223,15 @@ class Recommender:
             ))
         return response
 
+    def pool(self, request: RecommendRequest) -> Pool:
+        """The candidate pool the sources would propose for ``request`` now (before the
+        filters), with the served model's towers: what a request retrieves, for tools
+        and tests that look at where candidates come from."""
+        model = self.holder.current
+        history = self.activity.history(request.user_id)
+        query, _ = self._query(request, history, int(self.clock() * 1000), model)
+        return self.retriever.retrieve(query)
+
     def _query(
         self,
         request: RecommendRequest,

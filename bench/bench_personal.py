@@ -10,6 +10,8 @@ demo's settings) for ``--minutes``, then probes it as a person would:
   the simulated user's three favourite categories, beside a popularity
   recommender's (the trending page) for the same users; and the live model's
   prequential AUC beside its popularity baseline (the trainer's figures);
+- **pools**: the share of the 30 most active users' candidate pools proposed by
+  the sources that read a history (towers, co-visitation, categories, creators);
 - **identical scores**: for 100 catalog videos as candidates, the share that
   score exactly the same for a demo user with a long history and a brand-new
   user;
@@ -152,6 +154,25 @@ def probe_identical(service: Any, demo: Any) -> dict[str, Any]:
             "identical_share": same / max(1, len(common)), "long_user_history": len(history)}
 
 
+def probe_pools(service: Any, demo: Any, users: int = 30) -> dict[str, Any] | None:
+    """Where the candidates of the most active demo users come from: the share of their
+    pools (the first ``api.max_candidates``) proposed by the sources that read a history."""
+    from app.candidates.sources import PERSONAL
+    from app.schemas import RecommendRequest
+
+    world = demo.world
+    cap = service.resources.settings.api.max_candidates
+    shares, counts = [], {}
+    for user in np.argsort(-world.user_activity)[:users].tolist():
+        pool = service.recommender.pool(RecommendRequest(user_id=world.user_id(user)))
+        first = pool.sources[:cap]
+        shares.append(sum(s in PERSONAL for s in first) / max(1, len(first)))
+        for s in first:
+            counts[s] = counts.get(s, 0) + 1
+    return {"users": users, "personal_share": round(float(np.mean(shares)), 4),
+            "by_source": counts}
+
+
 def probe_opposite(client: Any, service: Any, demo: Any) -> dict[str, Any]:
     """Two new users with opposite tastes in two categories, and a bystander."""
     world = demo.world
@@ -262,6 +283,7 @@ def main() -> int:
             rate = args.sessions_per_s or 1.0 / demo.interval_s
             windows = run_traffic(demo, args.minutes, rate)
             identical = probe_identical(service, demo)
+            pools = probe_pools(service, demo)
             opposite = probe_opposite(client, service, demo)
             new_videos = probe_new_videos(client, service, opposite)
     finally:
@@ -273,6 +295,7 @@ def main() -> int:
         "sessions_per_s": rate,
         "windows": windows,
         "identical_scores": identical,
+        "pools": pools,
         "opposite_tastes": opposite,
         "new_videos": new_videos,
         "machine": f"{cpu_model(platform.machine())}, {os.cpu_count()} cores",

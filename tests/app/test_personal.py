@@ -252,3 +252,19 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     assert rankings == sorted(rankings, reverse=True)  # the sort key, exploration aside
     plain = trained.client.post("/v1/recommend", json={**body, "explain": False}).json()
     assert plain["explanation"] is None and plain["items"][0]["explanation"] is None
+
+
+def test_a_known_users_pool_comes_mostly_from_their_history(trained: Trained) -> None:
+    """Candidates are personal: the towers, co-visitation, their categories and creators
+    fill most of a known user's pool; a new user's comes from trending and fresh."""
+    from app.candidates.sources import PERSONAL
+    from app.schemas import RecommendRequest
+
+    world = trained.world
+    recommender = trained.service.recommender
+    active = world.user_id(int(np.argmax(world.user_activity)))
+    pool = recommender.pool(RecommendRequest(user_id=active))
+    first = pool.sources[: trained.service.resources.settings.api.max_candidates]
+    assert sum(s in PERSONAL for s in first) >= 0.7 * len(first), first
+    nobody = recommender.pool(RecommendRequest(user_id="nobody"))
+    assert nobody.videos and not set(nobody.sources) & PERSONAL
