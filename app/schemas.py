@@ -129,6 +129,9 @@ class BatchResult(_Response):
     accepted: int
     rejected: int
     errors: list[ItemError]
+    warnings: list[ItemError] = []
+    """Accepted items kept with a change, and why (events: a ``recommendation_id`` the
+    service never issued, dropped so the event is not attributed to a response)."""
 
 
 class VideoBatch(_Request):

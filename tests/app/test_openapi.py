@@ -289,7 +289,7 @@ def test_a_client_built_from_the_document_alone_writes_events_and_videos(
     for path, response in calls.items():
         assert response.status_code == 200, f"{path}: {response.text}"
         validator_for(document, "BatchResult").validate(response.json())
-        assert response.json() == {"accepted": 1, "rejected": 0, "errors": []}, path
+        assert response.json() == {"accepted": 1, "rejected": 0, "errors": [], "warnings": []}, path
     video = client.get("/v1/videos/x")
     assert video.status_code == 200 and video.json()["category"] == "x"
     logged = json.dumps(calls["/v1/events"].request.content.decode())
