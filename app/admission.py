@@ -32,6 +32,7 @@ deadline) and ``vidrec_in_flight{route}``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import threading
 import time
@@ -181,7 +182,11 @@ class ScoringThread:
     async def run(self, work: Callable[[], T], deadline: float | None) -> T | None:
         """``work()``'s result, or None when ``deadline`` (``time.monotonic()``) came
         first: then its result is dropped, and if it had not started it never runs."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._timed, work)
+        # In the caller's context: a trace's spans (contextvars) continue on the thread.
+        context = contextvars.copy_context()
+        future = asyncio.get_running_loop().run_in_executor(
+            self._executor, context.run, self._timed, work
+        )
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             return await asyncio.wait_for(future, timeout)

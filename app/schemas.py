@@ -167,6 +167,16 @@ class BatchRejected(ErrorBody):
     errors: list[ItemError] = []
 
 
+class Liveness(_Response):
+    """Answer of ``GET /healthz``: 200 ``ok``; 503 ``stuck`` once one scoring has run
+    ``api.liveness_stuck_s`` (a restart is the way out)."""
+
+    status: str
+    """``ok`` or ``stuck``."""
+    scoring_busy_s: float | None = None
+    """With ``stuck``: seconds the current scoring has run."""
+
+
 class Readiness(_Response):
     """Answer of ``GET /readyz``: 200 once the service can answer, degraded or not; 503
     while it is starting or stopping."""

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from app.api.dependencies import ServiceDep
 from app.auth import require
 from app.openapi import errors
-from app.schemas import Readiness
+from app.schemas import Liveness, Readiness
 from app.scoring.onnx_model import index_status
 from app.service import Service
 
@@ -21,7 +21,10 @@ router = APIRouter(tags=["operations"])
 
 @router.get(
     "/healthz",
-    responses={503: {"description": "Stuck: one scoring has run `api.liveness_stuck_s`."}},
+    responses={
+        200: {"model": Liveness, "description": "Alive."},
+        503: {"model": Liveness, "description": "Stuck: one scoring ran `api.liveness_stuck_s`."},
+    },
 )
 async def healthz(request: Request) -> JSONResponse:
     """Alive: the event loop answers, and no scoring is stuck. Touches no backend.
