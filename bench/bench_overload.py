@@ -102,10 +102,14 @@ class _Connections:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.slots = asyncio.Semaphore(limit)
 
-    async def take(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def take(self) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], bool]:
+        """A connection, and whether it was reused (the server may have closed it idle)."""
         await self.slots.acquire()
         if self.idle:
-            return self.idle.pop()
+            return self.idle.pop(), True
+        return await self.fresh(), False
+
+    async def fresh(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return reader, writer
@@ -148,8 +152,17 @@ async def _open_loop(
     async def one(intended: float, kind: str, payload: bytes) -> None:
         conn = None
         try:
-            conn = await conns.take()
-            status, body = await _exchange(conn, payload)
+            conn, reused = await conns.take()
+            try:
+                status, body = await _exchange(conn, payload)
+            except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                if not reused:
+                    raise
+                # A keep-alive connection the server closed while idle (uvicorn: 5 s), as
+                # an HTTP client meets it: send again on a new one.
+                conn[1].close()
+                conn = await conns.fresh()
+                status, body = await _exchange(conn, payload)
             results.append((kind, classify(kind, status, body), (loop.time() - intended) * 1000))
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             if conn is not None:

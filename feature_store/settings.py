@@ -287,7 +287,7 @@ class ApiSettings(_Section):
     -1}'``."""
     # --- overload: what a process admits, and how long an answer may take
     # (app/admission.py; docs/deploy.md, *Overload*) ---
-    max_concurrent_recommends: int = Field(16, ge=1, le=10_000)
+    max_concurrent_recommends: int = Field(8, ge=1, le=10_000)
     """Recommends in flight at once in one process (scoring, or waiting for the scoring
     thread); one more is refused at once with 503 ``Overloaded`` and ``Retry-After``. The
     one scoring thread serves them in turn, so the last admitted waits about this many
@@ -306,6 +306,13 @@ class ApiSettings(_Section):
     answer is 503 with ``Retry-After``: resend the batch, with the same ``event_id``s."""
     shed_retry_after_s: int = Field(1, ge=1, le=3600)
     """``Retry-After`` of a request refused or past its deadline, s."""
+    switch_interval_ms: float = Field(1.0, gt=0, le=100)
+    """How often, ms, Python makes a thread holding the GIL hand it over, in ``vidrec
+    serve`` and ``vidrec up`` (``sys.setswitchinterval``; Python's default is 5). The event
+    loop waits up to this long for the scoring thread at each wake-up: at 3x the
+    sustainable rate, 1 ms answered 0.80-0.82x the sustainable rate normally against
+    0.67-0.68x at 5 ms (two alternated runs of ``bench/bench_overload.py``, 20 s each,
+    docs/benchmarks.md)."""
     liveness_stuck_s: float = Field(60.0, ge=1, le=3600)
     """``/healthz`` answers 503 once one scoring has run this long, s: the scoring thread
     is stuck and only a restart frees it. Far above a scoring (ms) and any backend
