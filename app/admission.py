@@ -135,6 +135,9 @@ class Admission:
                 "serves at once; nothing was done",
                 retry_after_s=self.retry_after_s,
             )
+            service = getattr(getattr(scope.get("app"), "state", None), "service", None)
+            if service is not None:  # one log line per interval, with the count
+                service.log_summary.record(f"{gate.route} refused (overloaded)", refusal)
             await send_error(send, refusal)
             return
         scope[DEADLINE] = time.monotonic() + gate.deadline_s * WORK_SHARE

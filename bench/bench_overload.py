@@ -30,7 +30,11 @@ ms); every refusal within 50 ms; normal within 2 s of the load's end.
 Client and server share the machine's cores, so every latency includes the
 client's own scheduling; the machine and its load average are printed.
 ``--server-tree`` runs the server from another checkout (the code before a
-change) on the same data. Results: ``bench/results/overload.json``.
+change) on the same data. ``--event-log kafka`` has the events acknowledged
+by a Kafka-protocol broker (Tansu) on the same machine instead of the
+in-process log: posts the broker did not acknowledge within
+``kafka.produce_timeout_ms`` (or the request's deadline) are counted apart.
+Results: ``bench/results/overload.json``.
 """
 
 from __future__ import annotations
@@ -136,6 +140,8 @@ async def _exchange(
 def classify(kind: str, status: int, body: bytes) -> str:
     if status == 503 and b"Overloaded" in body:
         return "refused"
+    if status == 503 and b"EventLogUnavailable" in body:
+        return "unacknowledged"  # the broker did not acknowledge in time
     if status == 200 and kind == "recommend":
         return "deadline" if b'"fallback_reason":"deadline"' in body else "normal"
     return "normal" if status == 200 else f"status_{status}"
@@ -318,8 +324,8 @@ def recovery(port: int, request: bytes, normal_ms: float, limit_s: float = 30) -
 
 
 def run(seconds: float, factor: float, candidates: int,
-        server_tree: Path | None = None) -> dict[str, Any]:
-    from tests.services import free_port
+        server_tree: Path | None = None, event_log: str = "memory") -> dict[str, Any]:
+    from tests.services import TansuBroker, free_port
 
     data_dir = Path(tempfile.mkdtemp(prefix="vidrec-bench-overload-"))
     settings = bench_settings(data_dir, "memory", None)
@@ -329,8 +335,14 @@ def run(seconds: float, factor: float, candidates: int,
     print(f"prepared {data_dir}; model {version}", flush=True)
     bodies = [json.dumps(b).encode() for b in requests]
     encoded = encode_recommend(bodies)
-    server = Server(data_dir, free_port(), {"VIDREC_API__SIGNAL_FEED": "false"},
-                    cwd=server_tree or ROOT)
+    env = {"VIDREC_API__SIGNAL_FEED": "false"}
+    broker = TansuBroker() if event_log == "kafka" else None
+    if broker is not None:  # events acknowledged by a Kafka-protocol broker on this machine
+        broker.start()
+        env |= {"VIDREC_EVENT_LOG__BACKEND": "kafka",
+                "VIDREC_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+                "VIDREC_EXPERIMENTS__METRICS_FEED": "false"}
+    server = Server(data_dir, free_port(), env, cwd=server_tree or ROOT)
     results: dict[str, Any] = {}
     try:
         server.wait_ready()
@@ -347,10 +359,13 @@ def run(seconds: float, factor: float, candidates: int,
         results["recovery_normal_ms"] = normal_ms
     finally:
         server.stop()
+        if broker is not None:
+            broker.kill()
     results["meta"] = {
         "machine": machine(),
         "factor": factor,
         "candidates": candidates,
+        "event_log": event_log,
         "deadline_ms": DEADLINE_MS,
         "server_tree": str(server_tree or ROOT),
         "load_average_before": [round(x, 2) for x in load_before],
@@ -392,13 +407,16 @@ def table(r: dict[str, Any]) -> str:
          f"{o['normal_recommends_per_s']} ({share:.2f}x)"),
         ("event posts: accepted", cls(ev, "normal")),
         ("event posts: refused (503 Overloaded)", cls(ev, "refused")),
+        ("event posts: not acknowledged in time (503)", cls(ev, "unacknowledged")),
         ("liveness probes: failures / over 100 ms",
          f"{live['failures']} / {live['over_100ms']} of {live['probes']} "
          f"(p50 {live.get('p50_ms')}, p99 {live.get('p99_ms')}, max {live.get('max_ms')} ms)"),
         ("back to normal after the load stopped",
          f"{r['recovery_s']} s (a recommend within {r['recovery_normal_ms']:.0f} ms)"),
     ]
-    head = (f"`python bench/bench_overload.py --seconds {o['seconds']:g} --factor {m['factor']:g}` "
+    flag = " --event-log kafka" if m["event_log"] == "kafka" else ""
+    head = (f"`python bench/bench_overload.py --seconds {o['seconds']:g} --factor {m['factor']:g}"
+            f"{flag}` "
             f"({m['date_utc']} UTC; {m['machine']}; load average {m['load_average_before']} "
             f"before, {m['load_average_after']} after):\n\n| figure | value |\n|---|---|\n")
     return head + "\n".join(f"| {a} | {b} |" for a, b in rows)
@@ -411,9 +429,11 @@ def main() -> int:
     parser.add_argument("--candidates", type=int, default=500)
     parser.add_argument("--server-tree", type=Path, default=None,
                         help="run the server from another checkout (the code before a change)")
+    parser.add_argument("--event-log", choices=["memory", "kafka"], default="memory",
+                        help="kafka: events acknowledged by a Kafka-protocol broker (Tansu)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overload.json"))
     args = parser.parse_args()
-    results = run(args.seconds, args.factor, args.candidates, args.server_tree)
+    results = run(args.seconds, args.factor, args.candidates, args.server_tree, args.event_log)
     print(json.dumps(results, indent=2))
     print(table(results))
     out = Path(args.out)

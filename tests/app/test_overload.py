@@ -7,6 +7,7 @@ load: no timing is asserted (the figures are ``bench/bench_overload.py``'s).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -66,8 +67,9 @@ def sample(url: str, name: str, **labels: str) -> float:
 
 
 def test_liveness_answers_while_scoring_is_blocked_and_refusals_are_immediate(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="app.degraded")
     settings = make_settings(
         tmp_path / "data", api={"max_concurrent_recommends": 2, "recommend_deadline_ms": 60_000}
     )
@@ -87,7 +89,11 @@ def test_liveness_answers_while_scoring_is_blocked_and_refusals_are_immediate(
         assert refused.headers["Retry-After"] == "1"
         assert refused.json()["error"] == "Overloaded"
         assert "in flight" in refused.json()["message"]
-        assert sample(url, "vidrec_shed_total", route="/v1/recommend", reason="limit") == 1
+        for _ in range(4):
+            assert httpx.post(url + "/v1/recommend", json={"user_id": "u3"}).status_code == 503
+        assert sample(url, "vidrec_shed_total", route="/v1/recommend", reason="limit") == 5
+        refusal_lines = [r for r in caplog.records if "refused (overloaded)" in r.getMessage()]
+        assert len(refusal_lines) == 1  # the first; the others are summarised, counted
         # Other routes are not gated by it.
         assert httpx.get(url + "/v1/videos/nope").status_code == 404
         held.release()

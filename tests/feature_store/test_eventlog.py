@@ -388,6 +388,22 @@ def test_a_second_kafka_log_on_existing_topics_shares_them(kafka_broker: TansuBr
             log.close()
 
 
+def wait_until_stopped(pid: int, timeout_s: float = 10) -> None:
+    """Until every thread of ``pid`` is stopped (SIGSTOP reaches a busy thread a moment
+    later: until then it may still answer a request)."""
+    deadline = time.monotonic() + timeout_s
+    tasks = f"/proc/{pid}/task"
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(tasks):
+            with open(f"{tasks}/{task}/stat") as fh:
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 @pytest.mark.kafka
 def test_a_silent_broker_is_marked_down_only_after_its_whole_budget_and_probed_back() -> None:
     """A produce that gave up at its caller's nearer deadline says nothing of the broker
@@ -406,6 +422,7 @@ def test_a_silent_broker_is_marked_down_only_after_its_whole_budget_and_probed_b
             assert broker.process is not None
             os.kill(broker.process.pid, signal.SIGSTOP)  # up, but answers nothing
             try:
+                wait_until_stopped(broker.process.pid)
                 with pytest.raises(EventLogUnavailable):
                     log.produce([make_event()], timeout_s=0.1)
                 assert log.breaker.up
