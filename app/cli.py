@@ -124,11 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _onnxruntime_missing() -> bool:
+    """Whether neither ONNX Runtime build is installed (both are optional extras)."""
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.func in (cmd_up, cmd_serve, cmd_eval) and _onnxruntime_missing():
+        log.error("ONNX Runtime is not installed: pip install 'vidrec[cpu]' "
+                  "(or 'vidrec[gpu]' where the service scores on a GPU)")
+        return 2
     try:
         return int(args.func(args))
     except VidrecError as exc:
