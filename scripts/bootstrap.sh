@@ -50,16 +50,21 @@ have_hash="" have_ort="" have_install=""
 if [ "$have_hash" != "$hash" ] || [ "$have_ort" != "$ort" ] \
    || { [ "$have_install" != test ] && [ "$install" = test ]; }; then
   echo "bootstrap: installing vidrec[$extras] into .venv" >&2
-  .venv/bin/pip install -q --upgrade pip >/dev/null
-  # The CPU build of torch first: a bare `torch` requirement would pull CUDA (GBs).
-  # Elsewhere, set VIDREC_TORCH to a CPU wheel (or a version your index serves).
-  .venv/bin/pip install -q "${VIDREC_TORCH:-torch==2.13.0}"
+  # Editable installs from pyproject.toml need pip >= 21.3; newer ones are not upgraded.
+  if ! .venv/bin/python -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 22)'
+  then
+    .venv/bin/pip install -q --upgrade pip >/dev/null
+  fi
   # Both ONNX Runtime builds install the one `onnxruntime` module: switching builds
   # removes both first (removing one would break the other's files), then installs one.
   other="onnxruntime-gpu"; [ "$ort" = gpu ] && other="onnxruntime"
   if .venv/bin/pip show -q "$other" >/dev/null 2>&1; then
     .venv/bin/pip uninstall -q -y onnxruntime onnxruntime-gpu
   fi
-  .venv/bin/pip install -q -e ".[$extras]"
+  # torch pinned in the same resolve: a bare `torch` requirement would pull CUDA (GBs).
+  # Elsewhere, set VIDREC_TORCH to a CPU wheel (or a version your index serves).
+  # --no-compile: Python compiles what a process imports on first use; compiling every
+  # module of every wheel here took longer than the download (torch: 34 s of 47).
+  .venv/bin/pip install -q --no-compile "${VIDREC_TORCH:-torch==2.13.0}" -e ".[$extras]"
   echo "$hash $ort $install" > "$stamp"
 fi
