@@ -64,7 +64,7 @@ if [ "$have_hash" != "$hash" ] || [ "$have_ort" != "$ort" ] \
   # torch pinned in the same resolve: a bare `torch` requirement would pull CUDA (GBs).
   # Elsewhere, set VIDREC_TORCH to a CPU wheel (or a version your index serves).
   # --no-compile: Python compiles what a process imports on first use; compiling every
-  # module of every wheel here took longer than the download (torch: 34 s of 47).
+  # module of every wheel here took longer than the download (torch: 34 s, 13 s without).
   .venv/bin/pip install -q --no-compile "${VIDREC_TORCH:-torch==2.13.0}" -e ".[$extras]"
   echo "$hash $ort $install" > "$stamp"
 fi
