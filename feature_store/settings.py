@@ -247,6 +247,9 @@ class ApiSettings(_Section):
     """Cap on the candidates scored per request (given or retrieved)."""
     max_count: int = Field(500, ge=1, le=10_000)
     """Largest ``count`` a caller may ask for."""
+    max_recommend_batch: int = Field(100, ge=1, le=10_000)
+    """Most users in one ``POST /v1/recommend/batch``; more is a 413. Each is a whole
+    recommendation (a few ms of this worker's CPU), so 100 is about half a second."""
     default_count: int = Field(20, ge=1)
     """Items returned when the request names no ``count``."""
     source_limit: int = Field(200, ge=1)

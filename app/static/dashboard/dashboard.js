@@ -5,7 +5,7 @@
   const $ = (id) => document.getElementById(id);
   const KEY = "vidrec.dashboard.key", NAME = "vidrec.dashboard.operator";
   const KEEP_MS = 30 * 60 * 1000;  // chart history kept in the page
-  let refreshMs = 2000, timer = null, role = null, busy = false;
+  let refreshMs = 2000, timer = null, role = null, busy = false, rollbackTarget = null;
   const hist = { training: [], serving: [], retrain: {} };
   let since = { training: 0, serving: 0 };
 
@@ -57,9 +57,13 @@
   $("logout").addEventListener("click", () => logout(""));
 
   // --- rendering ---------------------------------------------------------
+  // A tile takes two columns when its value would not fit one (ids, "a / pop. b"),
+  // and wraps at spaces past that: a figure is never cut off.
   function kpis(el, items) {
-    el.innerHTML = items.map(([label, value, id]) =>
-      `<div class="kpi"><div class="label">${esc(label)}</div><div class="value${String(value).length > 14 ? " long" : ""}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`).join("");
+    el.innerHTML = items.map(([label, value, id]) => {
+      const n = String(value).length, span = n > 9 ? " span2" : "", long = n > 18 ? " long" : "";
+      return `<div class="kpi${span}"><div class="label">${esc(label)}</div><div class="value${long}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`;
+    }).join("");
   }
 
   function table(el, head, rows) {
@@ -187,7 +191,8 @@
       return `<tr data-version="${esc(v.version)}" data-active="${v.active}"><td>${esc(v.version)}</td><td>${esc(v.family)}</td><td>${when(v.created_at_ms)}</td><td>${int(v.events_total)}</td><td class="hint">${esc(pos || "–")}</td><td>${num(mt.auc)}</td><td>${num(mt.logloss)}</td><td>${num(mt.baseline_auc)}</td><td>${tags}</td><td>${promote}</td></tr>`;
     });
     table($("versions-table"), ["version", "family", "created", "events trained", "log position", "AUC", "log loss", "baseline AUC", "", ""], rows);
-    $("btn-rollback").disabled = !(m.previous && m.previous.length);
+    rollbackTarget = m.rollback_target || null;
+    $("btn-rollback").disabled = !rollbackTarget;
   }
 
   function renderTables(t) {
@@ -263,7 +268,7 @@
     export: () => "Export the live model now and make the new version active?",
     pause: () => "Pause the live trainer? It stops consuming events until resumed.",
     resume: () => "Resume the live trainer?",
-    rollback: () => "Roll back to the previous model version? The service swaps to it at once.",
+    rollback: () => `Roll back to ${rollbackTarget || "the previous model version"}? It undoes the last promotion or export you made (or steps back one version); the service swaps to it at once.`,
     promote: (b) => `Promote ${b.version}? It becomes the active version the service serves.`,
     retrain: (b) => `Start a retrain replaying the event log from ${new Date(b.from_ts_ms).toLocaleString("en-GB")}? A new model family trains beside the live one.`,
     retrain_stop: (b) => `Stop retrain family ${b.target}?`,
