@@ -3,11 +3,18 @@
 Each :func:`app.main.create_app` gets a fresh :class:`Metrics` (no global
 collectors), so tests can build many apps in one process. Exposed at
 ``GET /metrics``. Latencies are in seconds, as Prometheus expects.
+
+A part running in the same process with a registry of its own (the embedded
+trainer of ``vidrec up``, whose ``vidrec_trainer_*`` series ``vidrec train``
+serves on ``trainer.metrics_port``) is shown on the same page while it runs:
+:meth:`Metrics.including` adds its registry to what ``/metrics`` renders.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from prometheus_client import (
     CollectorRegistry,
@@ -42,6 +49,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._included: list[CollectorRegistry] = []
         r = self.registry
         self.request_seconds = Histogram(
             "vidrec_request_seconds",
@@ -131,8 +139,22 @@ class Metrics:
         self.model_swaps.inc()
         self.model_warmup_seconds.set(warmup_seconds)
 
+    @contextmanager
+    def including(self, registry: CollectorRegistry) -> Iterator[None]:
+        """Render ``registry`` with the service's own series while the block runs.
+
+        Kept apart rather than registered into :attr:`registry`: the part may
+        stop and a new one start in the same app (a lifespan run twice), and
+        its collectors' names must not collide with the earlier ones'.
+        """
+        self._included.append(registry)
+        try:
+            yield
+        finally:
+            self._included.remove(registry)
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(r) for r in [self.registry, *self._included])
 
 
 UNMATCHED = "unmatched"

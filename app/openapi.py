@@ -163,6 +163,7 @@ def _batch_limits(schemas: dict[str, Any], settings: Settings) -> None:
     for model, field, limit in (
         ("EventBatch", "events", settings.api.max_events_per_batch),
         ("VideoBatch", "videos", settings.api.max_videos_per_batch),
+        ("BatchRecommendRequest", "requests", settings.api.max_recommend_batch),
     ):
         if model in schemas:
             schemas[model]["properties"][field]["maxItems"] = limit

@@ -62,9 +62,10 @@ from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
-PoolObserver = Callable[[str, Sequence[str], Sequence[str]], None]
-"""Receives ``(user_id, candidate ids, their sources)`` in the pool's source order, after
-filtering, before scoring (the evaluation measures the pool against the ranking)."""
+PoolObserver = Callable[[str, Sequence[str], Sequence[str], np.ndarray], None]
+"""Receives ``(user_id, candidate ids, their sources, the model's probabilities)`` in the
+pool's source order, after filtering and scoring, before the rerank and the ranking bonus
+(the evaluation measures the pool and the ranker alone against the final ranking)."""
 
 
 BACKEND_ERRORS: tuple[type[BaseException], ...] = (BackendUnavailable, *REDIS_FAILURES)
@@ -137,7 +138,8 @@ class Recommender:
         self.arms = arms
         """The running experiment's arms (None: experiments off)."""
         self.pool_observer = pool_observer
-        """Sees each model-ranked request's candidate pool (None: nobody)."""
+        """Sees each model-ranked request's candidate pool and their probabilities (None:
+        nobody)."""
         self.rerank = rerank
         """Exclusions, cold start, demotion and diversity before the top-K (None: plain
         top-K by the ranking)."""
@@ -244,12 +246,12 @@ class Recommender:
         if model is None:
             scores = 1.0 / (1.0 + np.arange(len(ids), dtype=np.float32))
             return self._respond(ids, sources, scores, count, None, "no_model", zero=True)[0]
-        if self.pool_observer is not None:
-            self.pool_observer(request.user_id, ids, sources)
         scores, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, rows,
             assigned.fusion if assigned is not None else None,
         )
+        if self.pool_observer is not None:
+            self.pool_observer(request.user_id, ids, sources, scores)
         counts = dict(covisits)
         bonus = ranking_bonus(
             len(ids),

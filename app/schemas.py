@@ -66,7 +66,11 @@ class RecommendRequest(_Request):
 class RecommendItem(_Response):
     video_id: str
     score: float
-    """Predicted probability of a positive outcome (0..1); 0 in fallbacks without a model."""
+    """Predicted probability of a positive outcome (0..1: the ranking heads' fusion,
+    ``api.ranking_weights``, after the rerank's adjustments); 0 in fallbacks without a
+    model. Not the sort key: ``items`` come in the ranking order, which adds the
+    retrieval and co-visitation bonuses, exploration slots and the creator cap, so an
+    item may follow one with a lower score."""
     source: str
     """Candidate source: embedding, covisit, creators, trending, fresh or request."""
 
@@ -84,6 +88,11 @@ class RecommendResponse(_Response):
     model_version: str | None
     """Model that ranked the items; None when no model was available."""
     items: list[RecommendItem]
+    """Best first, in the ranking order, which is **not** ``score`` order: the fused
+    ranking (log ``score`` plus the two-tower affinity and co-visitation bonuses), then
+    the exploration slots for new videos and the per-creator cap (docs/serving.md, *The
+    ranking order*; docs/rerank.md). Fallbacks without a model keep their candidate
+    source's order. Show them in this order; do not re-sort by ``score``."""
     fallback: bool = False
     """True when the normal path could not be used (see ``fallback_reason``)."""
     fallback_reason: str | None = None
@@ -93,6 +102,27 @@ class RecommendResponse(_Response):
     experiment: ExperimentArm | None = None
     """The experiment arm whose model ranked the items; None outside any experiment (and
     in fallbacks)."""
+
+
+class BatchRecommendRequest(_Request):
+    """Body of ``POST /v1/recommend/batch``: many users in one request (e-mail, push)."""
+
+    requests: list[RecommendRequest] = Field(min_length=1)
+    """One request per user, each as ``POST /v1/recommend`` takes it, with the same limits;
+    at most ``api.max_recommend_batch``. Answered in this order."""
+
+
+class BatchRecommendation(RecommendResponse):
+    """One user's answer in a batch: a recommend response naming its user."""
+
+    user_id: str
+    """The request's ``user_id``."""
+
+
+class BatchRecommendResponse(_Response):
+    results: list[BatchRecommendation]
+    """One answer per request, in the order of ``requests``; each is a whole
+    recommendation (its own ``recommendation_id``, fallbacks and experiment arm)."""
 
 
 def _items(component: str) -> WithJsonSchema:

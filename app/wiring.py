@@ -53,7 +53,8 @@ def embedded_trainer(service: Service) -> Iterator[TrainerComponent]:
     listener = ControlListener(control_channel(service.resources), trainer, retrainer=retrainer)
     listener.start()
     try:
-        yield trainer
+        with service.metrics.including(trainer.metrics_registry):  # vidrec_trainer_* on /metrics
+            yield trainer
     finally:
         listener.close()  # closes the retrainer too
         service.retrain = None

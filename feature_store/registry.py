@@ -5,11 +5,29 @@ Layout under the registry root (a local directory or a shared volume)::
     versions/<version>/model.onnx
     versions/<version>/manifest.json
     versions/<version>/<artifact>  the manifest's ``artifacts`` (e.g. the retrieval towers)
-    ACTIVE                      {"version": ..., "previous": [...]} (atomic)
+    ACTIVE                      {"version": ..., "by": ..., "previous": [...],
+                                 "history": [{"version": ..., "by": ...}, ...]} (atomic)
 
 Trainers *publish* versions; operators (or the trainer's auto-promote)
 *activate* them; the server polls :meth:`ModelRegistry.active` and
-hot-swaps. Guarantees:
+hot-swaps.
+
+**What a rollback undoes.** Each activation is recorded with who made it:
+``operator`` (a promotion, an experiment's winner, an export an operator
+asked for) or ``trainer`` (a trainer keeping its own active family current,
+``within_family``). A rollback undoes the newest *operator* activation: it
+goes back to the version that was active before it, past the exports the
+promoted family's trainer activated since (they only kept that decision
+current). Without an operator activation in the history it steps back one
+version. So after an experiment's winner (a retrain family) was promoted and
+its trainer has activated three exports since, a rollback serves the family
+that was active before the promotion again, and the retrain's next export is
+not activated (it is no longer the active family). Consecutive trainer
+activations of one family are kept as one step back (the newest below the
+active version): the history stays short however often a trainer exports,
+and an operator's decision does not fall off it.
+
+Guarantees:
 
 - A version is built in a hidden ``.tmp-*`` directory and renamed into
   ``versions/`` only once complete (model and manifest fsynced), so a failed
@@ -34,7 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from feature_store.atomic import atomic_json
 from feature_store.errors import Conflict, NotFound
@@ -48,6 +66,18 @@ VERSION_NAME = r"^[A-Za-z0-9_-]{1,200}$"
 from outside (an operator's promote) is checked against it before it touches the file
 system, so a path (``../x``) or a NUL byte names no version instead of a file."""
 _VERSION_NAME = re.compile(VERSION_NAME)
+
+
+ActivatedBy = Literal["operator", "trainer"]
+"""Who made an activation: an operator's decision, or a trainer following its active family."""
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One entry of the pointer's history: a version and who activated it."""
+
+    version: str
+    by: ActivatedBy
 
 
 @dataclass(frozen=True)
@@ -131,38 +161,49 @@ class ModelRegistry:
         return final
 
     def activate(self, version: str, *, within_family: str | None = None) -> bool:
-        """Make ``version`` the one served; the old one goes on the rollback stack.
+        """Make ``version`` the one served; the old one goes on the rollback history.
 
         With ``within_family``, only when no version is active or the active one
         is of that family (a trainer's auto-activation: it never takes serving
-        away from a family an operator promoted). Returns whether it activated.
+        away from a family an operator promoted); recorded as made by the
+        ``trainer``, otherwise by an ``operator``. Returns whether it activated.
         """
         self.manifest(version)  # raises NotFound
+        by: ActivatedBy = "operator" if within_family is None else "trainer"
         with self._lock:
-            pointer = self._read_pointer()
-            current = pointer.get("version")
-            if current == version:
+            chain = self._read_chain()
+            if chain and chain[0].version == version:
                 return True
-            if within_family is not None and current and self._family(current) != within_family:
+            if within_family is not None and chain and self._family(
+                chain[0].version
+            ) != within_family:
                 return False
-            previous = [v for v in ([current] if current else []) + pointer.get("previous", [])]
-            self._write_pointer({"version": version, "previous": previous[:_ROLLBACK_DEPTH]})
+            self._write_chain(self._compact([Activation(version, by), *chain]))
             return True
 
     def rollback(self) -> str:
-        """Re-activate the previous version; returns it."""
+        """Undo the newest operator activation (else step back one version); returns
+        the version now active (see the module docstring)."""
         with self._lock:
-            pointer = self._read_pointer()
-            previous = [v for v in pointer.get("previous", []) if (self.versions_dir / v).is_dir()]
-            if not previous:
+            chain = self._existing(self._read_chain())
+            index = _rollback_index(chain)
+            if index is None:
                 raise Conflict("no previous version to roll back to")
-            self._write_pointer({"version": previous[0], "previous": previous[1:]})
-            return str(previous[0])
+            self._write_chain(chain[index:])
+            return chain[index].version
+
+    def rollback_target(self) -> str | None:
+        """The version :meth:`rollback` would activate now (None: nothing to go back to)."""
+        chain = self._existing(self._read_chain())
+        index = _rollback_index(chain)
+        return None if index is None else chain[index].version
 
     def prune(self, keep: int) -> list[str]:
         """Delete all but the newest ``keep`` versions, sparing the active and rollback ones."""
         pointer = self._read_pointer()
-        protected = {pointer.get("version"), *pointer.get("previous", [])[:1]}
+        protected = {
+            pointer.get("version"), *pointer.get("previous", [])[:1], self.rollback_target()
+        }
         versions = self.list_versions()
         doomed = [v for v in versions[: max(0, len(versions) - keep)] if v not in protected]
         for version in doomed:
@@ -244,8 +285,65 @@ class ModelRegistry:
             return {}
         return data if isinstance(data, dict) else {}
 
+    def _read_chain(self) -> list[Activation]:
+        """The active version, then the ones before it, newest first.
+
+        A pointer written before activations were recorded (no ``history``)
+        reads as operator activations: a rollback then steps back one
+        version, as it always did.
+        """
+        pointer = self._read_pointer()
+        current = pointer.get("version")
+        if not current:
+            return []
+        history = pointer.get("history")
+        if not isinstance(history, list):
+            history = [{"version": v, "by": "operator"} for v in pointer.get("previous", [])]
+        return [
+            Activation(str(current), _by(pointer.get("by"))),
+            *(Activation(str(h["version"]), _by(h.get("by"))) for h in history),
+        ]
+
+    def _write_chain(self, chain: list[Activation]) -> None:
+        current, *history = chain
+        self._write_pointer({
+            "version": current.version,
+            "by": current.by,
+            "previous": [a.version for a in history],  # what readers of the old format read
+            "history": [asdict(a) for a in history],
+        })
+
+    def _existing(self, chain: list[Activation]) -> list[Activation]:
+        """The chain without versions deleted since (the active one always stays)."""
+        return chain[:1] + [a for a in chain[1:] if (self.versions_dir / a.version).is_dir()]
+
+    def _compact(self, chain: list[Activation]) -> list[Activation]:
+        """Keep one step of each run of one family's trainer activations, at most
+        ``_ROLLBACK_DEPTH`` behind the active version."""
+        kept = chain[:2]
+        for entry in chain[2:]:
+            newer = kept[-1]
+            run = entry.by == newer.by == "trainer" and (
+                self._family(entry.version) == self._family(newer.version)
+            )
+            if not run:
+                kept.append(entry)
+        return kept[: _ROLLBACK_DEPTH + 1]
+
     def _write_pointer(self, data: dict[str, Any]) -> None:
         atomic_json(self.root / ACTIVE_FILE, data)
+
+
+def _by(value: object) -> ActivatedBy:
+    return "trainer" if value == "trainer" else "operator"
+
+
+def _rollback_index(chain: list[Activation]) -> int | None:
+    """Where a rollback lands in ``chain``: past the newest operator activation, else one back."""
+    decision = next((i for i, a in enumerate(chain) if a.by == "operator"), None)
+    if decision is not None and decision + 1 < len(chain):
+        return decision + 1
+    return 1 if len(chain) > 1 else None
 
 
 _STAMPED = re.compile(r"^(?P<family>[A-Za-z0-9_-]+)-\d{8}T\d{6}-\d+$")

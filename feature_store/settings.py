@@ -150,6 +150,15 @@ class ServedLogSettings(_Section):
     """How long (log time) the trainer keeps a served record for its impressions to join."""
     join_max_records: int = Field(200_000, ge=1)
     """Served records the trainer holds at most (oldest forgotten first)."""
+    join_lookahead_ms: int = Field(5_000, ge=0, le=600_000)
+    """How far past an event's log time the trainer reads the served log before counting
+    its record missing: the service's write delay (its queue) plus clock skew between the
+    hosts. In real time a missing record holds its batch this long (``trainer/served.py``)."""
+    join_max_wait_ms: int = Field(10_000, ge=0, le=120_000)
+    """The longest a training batch waits for the served log to be read far enough (past
+    the lookahead): past it, the events it names are featurised from the stores (counted
+    ``late``). Keep it well under ``kafka.max_poll_interval_ms``: a trainer waiting longer
+    is put out of its consumer group."""
 
 
 class EventLimits(_Section):
@@ -237,6 +246,9 @@ class ApiSettings(_Section):
     """Cap on the candidates scored per request (given or retrieved)."""
     max_count: int = Field(500, ge=1, le=10_000)
     """Largest ``count`` a caller may ask for."""
+    max_recommend_batch: int = Field(100, ge=1, le=10_000)
+    """Most users in one ``POST /v1/recommend/batch``; more is a 413. Each is a whole
+    recommendation (a few ms of this worker's CPU), so 100 is about half a second."""
     default_count: int = Field(20, ge=1)
     """Items returned when the request names no ``count``."""
     source_limit: int = Field(200, ge=1)

@@ -19,6 +19,7 @@ checked for parity against torch by the tests.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -34,6 +35,12 @@ from feature_store.features.columns import MultiValued
 from feature_store.features.schema import FeatureSchema
 from feature_store.registry import Manifest, ModelRegistry
 from trainer.model import Heads, WideDeep
+
+ONNX_EXPORT_LOCK = threading.Lock()
+"""Held around every ``torch.onnx.export`` of this process. torch's exporter keeps
+global state (``GLOBALS.in_onnx_export``): two trainers of one process (the live one
+and a retrain family, in ``vidrec up``) exporting at the same moment made one of them
+fail with ``AssertionError: GLOBALS.in_onnx_export must be False``."""
 
 Exporter = Literal["torchscript", "dynamo"]
 OPSET = 17
@@ -85,7 +92,7 @@ def export_onnx(
     axes[model_io.WIDE_WEIGHTS] = {0: "N_wide"}
     for output in model_io.OUTPUT_NAMES:
         axes[output] = {0: "B"}
-    with warnings.catch_warnings():
+    with ONNX_EXPORT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(
             module,
@@ -113,7 +120,7 @@ def _export_dynamo(
     shapes: list[dict[int, Any]] = [{0: Dim(f"N_{t}")} for t in tables]
     shapes += [{0: batch} for _ in schema.embedded]
     shapes += [{0: Dim("N_wide")}, {0: batch}, {0: batch}]
-    with warnings.catch_warnings():
+    with ONNX_EXPORT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             model,

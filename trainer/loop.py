@@ -55,7 +55,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from feature_store import tracing
-from feature_store.errors import BackendUnavailable
+from feature_store.errors import BackendUnavailable, Conflict
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event, EventType
 from feature_store.features.values import FeatureValues
@@ -145,7 +145,7 @@ class OnlineTrainer:
         self.served = (
             ServedJoin(
                 resources.served_log, settings.served_log, self.trainer.extractor,
-                settings.sparse.model_name,
+                settings.sparse.model_name, self.metrics.c_served_join,
             )
             if resources.served_log is not None
             else None
@@ -216,7 +216,6 @@ class OnlineTrainer:
         consumer = self.resources.event_log.consumer(self.cfg.group_id)
         fetcher = Fetcher(consumer, self.cfg.batch_size, self.cfg.max_wait_ms / 1000.0)
         self._fetcher = fetcher
-        self._follow_served(consumer)
         self.state = "running"
         try:
             while not self._stop.is_set():
@@ -264,15 +263,19 @@ class OnlineTrainer:
             fresh = self._retry(lambda: group.unclaimed(records, fresh))
         events = [records[i].event for i in fresh]
         partitions = [records[i].partition for i in fresh]
+        log_times = [records[i].log_ts for i in fresh]
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
         if self.served is not None and records:
             if self._fetcher is not None:
-                self._follow_served(self._fetcher.consumer)
-            newest = max(r.log_ts for r in records)
-            self._retry(lambda: self.served.catch_up(newest))  # type: ignore[union-attr]
+                self._follow_served(self._fetcher.consumer, records)
 
         def moments(positions: list[int]) -> Moments:
-            return self.moments([events[i] for i in positions], lookup)
+            return self.moments(
+                [events[i] for i in positions],
+                lookup,
+                [partitions[i] for i in positions],
+                [log_times[i] for i in positions],
+            )
 
         # observe calls moments before it changes any state: a retry is clean.
         samples = self._retry(
@@ -293,6 +296,8 @@ class OnlineTrainer:
         if self.durable_sparse and ids:
             with open(self.root / JOURNAL_FILE, "a") as fh:
                 fh.write(json.dumps(ids) + "\n")
+        if self.served is not None and records:
+            self.served.trained_to(max(r.log_ts for r in records))
         if group is not None:  # scale-out: the group's progress, after the journal line
             self._retry(lambda: group.trained(records))
         if self.cfg.audit:
@@ -323,22 +328,36 @@ class OnlineTrainer:
             keys = self._train_samples(samples)
             self.metrics.observe_batch(0, len(samples), 0, keys, time.perf_counter() - started)
 
-    def moments(self, events: list[Event], lookup: Lookup) -> Moments:
+    def moments(
+        self,
+        events: list[Event],
+        lookup: Lookup,
+        partitions: list[int] | None = None,
+        log_times: list[int] | None = None,
+    ) -> Moments:
         """What is known of ``events``' moments (:class:`~trainer.labels.Moments`).
 
-        Impressions the service logged take the values and score they were
-        served with (:mod:`trainer.served`); every other moment is featurised
-        from the stores' pre-batch state, and other impressions are scored by
-        the current model: the prediction as the video was shown.
+        Moments the service logged (an impression, or an engagement no
+        impression preceded, naming its response) take the values and score
+        they were served with (:mod:`trainer.served`; ``partitions`` and
+        ``log_times`` say where and when each event was read); every other
+        moment is featurised from the stores' pre-batch state, and other
+        impressions are scored by the current model: the prediction as the
+        video was shown.
         """
         layout = self.trainer.extractor.layout
         values = np.zeros((len(events), layout.width), dtype=np.uint64)
         scores = np.full(len(events), np.nan)
         shown = [i for i, e in enumerate(events) if e.type is EventType.IMPRESSION]
+        named = [i for i, e in enumerate(events) if e.recommendation_id is not None]
         served: list[int] = []
-        if self.served is not None and shown:
-            found, served_values, served_scores = self.served.moments([events[i] for i in shown])
-            served = [shown[i] for i in found]
+        if self.served is not None and named:
+            found, served_values, served_scores = self.served.moments(
+                [events[i] for i in named],
+                None if partitions is None else [partitions[i] for i in named],
+                None if log_times is None else [log_times[i] for i in named],
+            )
+            served = [named[i] for i in found]
             values[served] = served_values
             scores[served] = served_scores
         rest = sorted(set(range(len(events))) - set(served))
@@ -357,8 +376,9 @@ class OnlineTrainer:
                 scores[unscored] = self.trainer.score(batch)
         return Moments(values, scores)
 
-    def _follow_served(self, consumer: EventConsumer) -> None:
-        """Read the served partitions of the events partitions this trainer owns now."""
+    def _follow_served(self, consumer: EventConsumer, records: list[ConsumedEvent]) -> None:
+        """Read the served partitions of the events partitions this trainer owns now, from
+        where it resumed them (its checkpoint's log times, else this batch's oldest)."""
         served = self.served
         if served is None:
             return
@@ -368,8 +388,12 @@ class OnlineTrainer:
             events = self.resources.event_log.partition_count()
             self._served_aligned = served_log.partition_count() == events
         assignment = consumer.assignment()
-        resume = min((self.log_times[p] for p in assignment if p in self.log_times), default=None)
-        served.follow(assignment if self._served_aligned else None, resume)
+        resume = min(
+            (self.log_times[p] for p in assignment if p in self.log_times),
+            default=min(r.log_ts for r in records),
+        )
+        aligned = self._served_aligned
+        served.follow(assignment if aligned else None, resume, aligned=aligned)
 
     def _train_samples(self, samples: list[Sample]) -> int:
         """One training step over ``samples``; returns the batch's unique key count."""
@@ -565,6 +589,7 @@ class OnlineTrainer:
                 "head_samples": self.metrics.head_samples,
                 "joiner": joiner,
                 "watch_quantiles": self.joiner.policy.watch.state(),
+                "served_join": None if self.served is None else dict(self.served.counts),
                 "last_version": self.last_version,
             }
             (directory / STATE_FILE).write_text(json.dumps(state))
@@ -580,7 +605,10 @@ class OnlineTrainer:
         if fetcher is not None and positions:
             try:
                 _commit(fetcher.consumer, positions)
-            except BackendUnavailable as exc:  # the checkpoint stands; dedupe covers replays
+            except (BackendUnavailable, Conflict) as exc:
+                # The checkpoint stands: a restart replays from the last commit and the
+                # restored dedupe window (or, in a group, its progress) skips what it covers;
+                # a partition moved away is resumed by its new owner the same way.
                 log.warning("commit failed after checkpoint %d: %s", seq, exc)
 
     def _write_audit(self, seq: int) -> None:
@@ -630,6 +658,8 @@ class OnlineTrainer:
             if "watch_quantiles" in state:
                 self.joiner.policy.watch.load_state(state["watch_quantiles"])
             self.metrics.restore_totals(state)
+            if self.served is not None and state.get("served_join"):
+                self.served.load_counts(state["served_join"])
             self.last_version = state.get("last_version")
             self.seq = seq
             log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)

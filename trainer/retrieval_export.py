@@ -30,6 +30,7 @@ from feature_store.retrieval_io import (
     VIDEO_VECTORS_FILE,
     Towers,
 )
+from trainer.export import ONNX_EXPORT_LOCK
 from trainer.retrieval import RetrievalTrainer, Tower
 
 CHUNK = 4096
@@ -41,7 +42,7 @@ def export_user_tower(tower: Tower, width: int, path: Path) -> None:
     """The user tower's MLP and normalisation as ONNX (``pooled`` -> ``vector``)."""
     tower = copy.deepcopy(tower).eval()
     example = torch.zeros(2, width)
-    with warnings.catch_warnings():
+    with ONNX_EXPORT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
         torch.onnx.export(
             tower,

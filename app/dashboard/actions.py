@@ -7,7 +7,9 @@ request), and at most ``dashboard.max_pending_actions`` wait at once (429).
 Trainer actions (export, pause, resume, retrain, retrain_stop) go over the
 control channel (:mod:`feature_store.control`) and end with the trainer's
 final acknowledgement, or ``timeout`` when none came within
-``dashboard.ack_timeout_s`` (no trainer listening, or it is stuck).
+``dashboard.ack_timeout_s`` (no trainer listening, or it is stuck). An
+export that activated its version ends once this service serves it
+(:func:`_export_served`).
 
 Experiment actions (start, stop, conclude: promote the winner) are done by
 :mod:`app.dashboard.experiments`, on the experiment book and the registry.
@@ -216,6 +218,10 @@ class ActionRunner:
                     )
                 else:
                     status, message, result = ack.status, ack.message, ack.result
+                if action == "export" and status == "done":
+                    status, message, result = await _export_served(
+                        self.service, target, args, result, self.timeout_s
+                    )
         except VidrecError as exc:
             status, message = "failed", exc.message
         outcome = {
@@ -285,6 +291,48 @@ async def _await_served(
             return False, service.holder.failed[version]
         await asyncio.sleep(0.02)
     return False, f"not served within {timeout_s:g} s"
+
+
+async def _export_served(
+    service: Service, target: str, args: dict[str, Any], result: dict[str, Any],
+    timeout_s: float,
+) -> tuple[str, str, dict[str, Any]]:
+    """An export the trainer acknowledged, ended once this service serves it.
+
+    Why: the trainer acknowledges once the version is published and activated,
+    but the service loads it at its next registry poll and warms it first; an
+    operator (or a script) that exports and then recommends must get the new
+    version. A version that is not activated (``activate: false``, or a
+    retrain family that is not the active one) is not waited for: the message
+    says so and names the version served. One the service refuses is put back
+    like a refused promotion (the pointer never stays on a model nobody serves).
+    """
+    version = str(result.get("version", ""))
+    registry = service.resources.registry
+    active = await asyncio.to_thread(registry.active)
+    if active != version:
+        served = service.model.version if service.model is not None else None
+        if target != LIVE:
+            why = "a retrain family's export is kept for comparison: promote it to serve it"
+        elif not args.get("activate", True):
+            why = "activate: false"
+        else:
+            why = f"the active version is {active}"
+        return "done", f"exported {version} (not activated: {why}); serving {served}", {
+            **result, "activated": False, "served": served,
+        }
+    ok, reason = await _await_served(service, version, timeout_s)
+    if ok:
+        return "done", f"exported {version} (active and served)", {
+            **result, "activated": True, "served": version,
+        }
+    if reason and version in service.holder.failed:
+        if await asyncio.to_thread(registry.active) == version:
+            await asyncio.to_thread(registry.rollback)
+    served = service.model.version if service.model is not None else None
+    return "failed", f"exported {version} (not served: {reason}); serving {served}", {
+        **result, "activated": False, "served": served,
+    }
 
 
 async def _promote(

@@ -59,7 +59,7 @@ from feature_store.errors import BackendUnavailable, NotFound
 from feature_store.timeseries import MetricsSeries, open_timeseries
 
 _STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript", "charts.js":
-           "text/javascript"}
+           "text/javascript", "favicon.svg": "image/svg+xml"}
 
 
 @dataclass

@@ -122,6 +122,7 @@ def training(
             "checkpoint_seq": seq,
             "checkpoint_seen_ms": clock.observe(group, seq) if clock is not None else None,
             "last_version": (status or {}).get("last_version"),
+            "served_join": (status or {}).get("served"),
             "points": [
                 {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}} for p in points
             ],
@@ -166,6 +167,7 @@ def models(service: Service) -> dict[str, Any]:
         registry = service.resources.registry
         active = registry.active()
         previous = registry.previous()
+        target = registry.rollback_target()
         model = service.model
         rows = []
         for version in reversed(registry.list_versions()):
@@ -185,11 +187,12 @@ def models(service: Service) -> dict[str, Any]:
                 },
                 "active": version == active,
                 "served": model is not None and model.version == version,
-                "rollback_target": bool(previous) and version == previous[0],
+                "rollback_target": version == target,
             })
         return {
             "active": active,
             "previous": previous,
+            "rollback_target": target,
             "served": model.version if model else None,
             "versions": rows,
         }

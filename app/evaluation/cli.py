@@ -46,6 +46,10 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    "videos the user never touched (they time out into negatives)")
     p.add_argument("--candidates", type=int, default=99,
                    help="loo: sampled videos ranked beside the held-out one")
+    p.add_argument("--full-ranking", action="store_true",
+                   help="loo: rank the held-out video against the whole catalog minus the "
+                   "user's earlier views (as published sequential-recommendation results "
+                   "count it) instead of --candidates sampled videos")
     p.add_argument("--redis", metavar="URL", default=None,
                    help="Redis tables and stores in this *empty scratch* database "
                    "(default: embedded in-process backends)")
@@ -109,6 +113,8 @@ def run_eval(args: argparse.Namespace, trainers: EvalTrainers) -> int:
         raise InvalidInput("--negatives", "must be at least 0")
     if args.candidates < 1:
         raise InvalidInput("--candidates", "must be at least 1")
+    if args.full_ranking and args.protocol != "loo":
+        raise InvalidInput("--full-ranking", "ranks a held-out view: use it with --protocol loo")
     cfg = EvalConfig(
         dataset=Path(args.dataset),
         fmt=args.format,
@@ -116,6 +122,7 @@ def run_eval(args: argparse.Namespace, trainers: EvalTrainers) -> int:
         negatives=args.negatives,
         catalog=Path(args.catalog) if args.catalog else None,
         candidates=args.candidates,
+        full_ranking=args.full_ranking,
         backend="redis" if args.redis else "memory",
         redis_url=args.redis,
         batch_size=args.batch_size,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from app.evaluation.feed import IMPRESSION_LEAD_MS
-from app.evaluation.results import EvalResult, ModelFigures
+from app.evaluation.results import RANKER_ROW, EvalResult, ModelFigures
 from app.evaluation.runner import EvalConfig
 from app.evaluation.stream import stars_watched
 
@@ -116,10 +116,17 @@ def _ranking(result: EvalResult) -> str:
     fallbacks = f" (fallbacks: {fallbacks})" if fallbacks else ""
     if result.protocol == "loo":
         hr, ndcg = random_ranking(result.candidates_per_query, result.k)
+        among = (
+            f"against the whole catalog: {result.candidates_per_query:,.0f} candidates on "
+            "average (every video but those the user viewed before, the held-out one aside, "
+            "as published sequential-recommendation results count it)"
+            if result.full_ranking else
+            f"among {result.candidates_per_query:.0f} candidates (itself and videos the user "
+            "never touched)"
+        )
         return (
             f"Ranking (leave-one-out): {result.queries:,} users' last views held out, each "
-            f"ranked by the service among {result.candidates_per_query:.0f} candidates (itself "
-            f"and videos the user never touched); a random order scores HR@{result.k} "
+            f"ranked by the service {among}; a random order scores HR@{result.k} "
             f"{hr:.4f}, NDCG@{result.k} {ndcg:.4f}{fallbacks}."
         )
     if not result.catalog:
@@ -161,6 +168,7 @@ def summary(result: EvalResult) -> str:
     if result.rejected_rows:
         notes.append(f"{result.rejected_rows:,} rows rejected as invalid, e.g. "
                      + "; ".join(result.rejected_examples[:3]) + ".")
+    notes += [s[0].upper() + s[1:] + "." for s in result.skipped]
     for m in result.models:
         if m.unscored_test_rows:
             notes.append(f"{m.name}: {m.unscored_test_rows:,} of the {result.test_rows:,} rows "
@@ -201,19 +209,40 @@ def _labels(result: EvalResult, cfg: EvalConfig) -> str:
     return "Labels: the trainer's default label policy (docs/training.md)."
 
 
+def _ranker_and_mf(cfg: EvalConfig, where: str) -> str:
+    """How the ranker-alone and matrix-factorisation rows rank (both protocols)."""
+    return (
+        f"The row \"{RANKER_ROW}\" orders the service's candidates (after its filters) by "
+        "the model's probability alone, without the retrieval and co-visitation bonus and "
+        "the rerank that the final ranking (`app/scoring/ranking.py`) adds. Matrix "
+        f"factorisation (`implicit`'s {cfg.mf.describe()}; `app/evaluation/factorization.py`, "
+        "settings picked on a validation split by `bench/tune_mf.py`) is trained on the "
+        "positive samples trained before the moment only, the user's factor solved at the "
+        f"moment from all of their positives before it, and ranks {where}; a video without "
+        "a positive before its last fit ranks last."
+    )
+
+
 def _ranking_method(result: EvalResult, cfg: EvalConfig) -> str:
     if result.protocol == "loo":
+        candidates = (
+            "every video of the catalog but those the user viewed before (the user's training "
+            "items; the held-out video itself stays a candidate), as published "
+            "sequential-recommendation results count HR@10 and NDCG@10 over all items"
+            if result.full_ranking else
+            f"{cfg.candidates} videos sampled uniformly among those the user never touched"
+        )
         return (
             f"Ranking (leave-one-out): every user with two views or more has the last one "
             f"held out of the log; at its moment (when its impression would have been "
             f"logged) the service's `recommend` ranks `candidates=` that video and "
-            f"{cfg.candidates} videos sampled uniformly among those the user never touched, "
-            f"with the network exported at most {cfg.export_every:,} events earlier. "
-            f"Popularity ranks the same candidates by their positives before the moment "
-            f"(decayed for recent popularity); co-occurrence by, for each video the user "
-            f"liked before, the number of other users who liked both it and the candidate "
-            f"before the moment, summed (`app/evaluation/baselines.py`). Ties are broken by "
-            f"the candidates' random order."
+            f"{candidates}, with the network exported at most {cfg.export_every:,} events "
+            f"earlier. Popularity ranks the same candidates by their positives before the "
+            f"moment (decayed for recent popularity); co-occurrence by, for each video the "
+            f"user liked before, the number of other users who liked both it and the "
+            f"candidate before the moment, summed (`app/evaluation/baselines.py`). "
+            f"{_ranker_and_mf(cfg, 'the same candidates')} Ties are broken by the "
+            f"candidates' random order."
         )
     if not result.catalog:
         return "Ranking: not computed (no catalog)."
@@ -223,7 +252,8 @@ def _ranking_method(result: EvalResult, cfg: EvalConfig) -> str:
         f"`recommend` is asked for the user's top {result.k} with the service's clock at the "
         f"event's time (the network exported at most {cfg.export_every:,} events earlier); "
         f"the baselines rank every video by (decayed) positives, both excluding the videos "
-        f"the service excluded (the user's watched history)."
+        f"the service excluded (the user's watched history). "
+        + _ranker_and_mf(cfg, "every video with a factor, minus those excluded")
     )
 
 

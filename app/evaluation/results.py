@@ -6,7 +6,11 @@ model's test scores) and computes, for the online model and each baseline:
 AUC and logloss on the last 20% and overall, AUC on the last 20% per moment
 (:func:`~app.evaluation.metrics.moments`), AUC per time window, and the
 ranking figures of the queries. The baselines are scored here, in one
-prequential pass each over the same samples (:mod:`~app.evaluation.baselines`).
+prequential pass each over the same samples (:mod:`~app.evaluation.baselines`);
+the ranking-only ones (co-occurrence, matrix factorisation) answer the
+queries from the samples trained before each. Beside the service's final
+ranking, :data:`RANKER_ROW` orders the same candidates by the model's
+probability alone.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
-from app.evaluation import baselines
+from app.evaluation import baselines, factorization
 from app.evaluation.metrics import Floats, moments, rank_in, rank_of, recall_ndcg, windows
 from app.evaluation.stream import Split, Stream
 from feature_store.quality import log_loss, roc_auc
@@ -99,6 +103,10 @@ class EvalResult:
     heads: dict[str, float] = field(default_factory=dict)
     """The other ranking heads' prequential figures over the replay (``negative_auc``,
     ``watch_spearman``... with their popularity baselines; ``trainer/metrics.py``)."""
+    full_ranking: bool = False
+    """Leave-one-out against the whole catalog minus each user's earlier views."""
+    skipped: list[str] = field(default_factory=list)
+    """Why a baseline has no row (e.g. its library is not installed)."""
 
     def model(self, name: str) -> ModelFigures:
         return next(m for m in self.models if m.name == name)
@@ -162,6 +170,11 @@ class _Rows:
 
 POOL_ROW = "candidate pool, sources' order"
 """The row of the service's candidates ranked in their sources' interleave order."""
+RANKER_ROW = "ranker alone (probability order)"
+"""The row of the service's candidates ordered by the model's probability only: the
+final ranking without the retrieval and co-visitation bonus and the rerank."""
+MF_ROW = "matrix factorisation (ALS)"
+"""The row of :class:`~app.evaluation.factorization.MatrixFactorization`."""
 
 
 def _auc(scores: Floats, labels: Floats) -> float:
@@ -207,6 +220,23 @@ def _co_occurrence(weighted: ScoredSamples, queries: list[Query]) -> list[int | 
     ]
 
 
+def _factorization(
+    cfg: EvalConfig, weighted: ScoredSamples, queries: list[Query], k: int
+) -> list[int | None]:
+    """Matrix factorisation's rank of each query's item: among its candidates (loo), or in
+    its top ``k`` of the videos with a factor minus those the service excluded."""
+    model = factorization.MatrixFactorization(
+        weighted.user_ids, weighted.video_ids, weighted.labels > 0.5, cfg.mf, cfg.seed
+    )
+    ranks = [
+        rank_in(q.video, q.candidates, model.scores(q.user, q.candidates, q.before))
+        if q.candidates else rank_of(q.video, model.top(q.user, k, q.before, q.seen))
+        for q in queries
+    ]
+    log.info("matrix factorisation: %d fits for %d questions", model.fits, len(queries))
+    return ranks
+
+
 def _offline_scores(weighted: ScoredSamples, offline: OfflineResult) -> Floats:
     """The offline model's test scores aligned with ``weighted`` (NaN elsewhere, and
     everywhere when no epoch was chosen: no validation AUC, e.g. a single class)."""
@@ -238,6 +268,9 @@ def assemble(
     rows = _Rows.of(weighted, test_idx, cfg.windows, settings.trainer.join_window_ms)
     k = cfg.cutoff
     models = [rows.figures("online Wide&Deep", weighted.scores, [q.rank for q in queries], k)]
+    nothing = np.full(len(weighted.event_ids), np.nan)
+    if queries:
+        models.append(rows.figures(RANKER_ROW, nothing, [q.ranker_rank for q in queries], k))
     for name, model in (
         ("popularity", baselines.Popularity()),
         (f"recent popularity ({cfg.half_life_days:g} d)",
@@ -245,10 +278,16 @@ def assemble(
     ):
         scores, ranks = _popularity(name, model, weighted, queries, k)
         models.append(rows.figures(name, scores, ranks, k))
-    nothing = np.full(len(weighted.event_ids), np.nan)
     if cfg.protocol == "loo":
         models.append(rows.figures("co-occurrence", nothing, _co_occurrence(weighted, queries),
                                    k))
+    skipped = []
+    if queries and factorization.available():
+        models.append(rows.figures(MF_ROW, nothing, _factorization(cfg, weighted, queries, k),
+                                   k))
+    elif queries:
+        log.warning("%s", factorization.MISSING)
+        skipped.append(factorization.MISSING)
     off = rows.figures(f"offline Wide&Deep (epoch {offline.best_epoch})",
                        _offline_scores(weighted, offline), None, k)
     off.auc_all = off.logloss_all = off.auc_fit = math.nan  # scored on the last 20% only
@@ -297,6 +336,8 @@ def assemble(
         offline_seconds=timing.offline_seconds,
         events_per_s=len(stream.events) / max(timing.online_seconds, 1e-9),
         heads=dict(heads or {}),
+        full_ranking=cfg.full_ranking,
+        skipped=skipped,
     )
 
 
@@ -304,7 +345,7 @@ def _title(name: str, cfg: EvalConfig) -> str:
     """The dataset's name, and the protocol when it is not the default retrieval one."""
     parts = [name]
     if cfg.protocol == "loo":
-        parts.append("leave-one-out")
+        parts.append("leave-one-out, full ranking" if cfg.full_ranking else "leave-one-out")
     if cfg.negatives:
         parts.append(f"{cfg.negatives} negative{'s' if cfg.negatives > 1 else ''} per view")
     return ", ".join(parts)

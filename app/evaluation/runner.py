@@ -20,7 +20,15 @@ and stores):
    - ``loo`` (leave-one-out, :mod:`~app.evaluation.feed`): every user's last
      view is held out of the log; the service ranks it among 99 sampled
      videos the user never touched (``candidates=`` in the request), giving
-     HR@k and NDCG@k (k = 10).
+     HR@k and NDCG@k (k = 10). With ``full_ranking`` it ranks it against
+     the whole catalog instead, minus the videos the user viewed before (the
+     user's training items, as published sequential-recommendation results
+     count it); the log replayed is the same.
+
+   Each answer gives two ranks: the final ranking's (the model's
+   probability fused with the retrieval and co-visitation bonus,
+   :mod:`app.scoring.ranking`, after the rerank) and the ranker's alone
+   (the same candidates ordered by the model's probability only).
 
 Then, on the very samples the trainer labelled (weight > 0):
 
@@ -28,7 +36,10 @@ Then, on the very samples the trainer labelled (weight > 0):
   counting it, and answer the same ranking queries at the same moments
   (retrieval: excluding the already-watched videos the service excluded;
   loo: ranking the same candidates); under ``loo`` item co-occurrence ranks
-  them too (:class:`~app.evaluation.baselines.CoOccurrence`);
+  them too (:class:`~app.evaluation.baselines.CoOccurrence`); so does
+  matrix factorisation (:mod:`~app.evaluation.factorization`, when
+  ``implicit`` is installed), trained on the positive samples before each
+  question only;
 - Wide&Deep trained offline (``trainer.offline.train_offline``) on the first 80%
   by (ts, user, video), early-stopped on its last eighth, scores the last 20%.
 
@@ -45,12 +56,13 @@ import tempfile
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, runtime_checkable
 
 import numpy as np
 
+from app.evaluation.factorization import AlsParams
 from app.evaluation.feed import (
     HeldOut,
     Sampler,
@@ -59,7 +71,7 @@ from app.evaluation.feed import (
     hold_out_last,
     touched_by_user,
 )
-from app.evaluation.metrics import rank_of
+from app.evaluation.metrics import rank_in, rank_of
 from app.evaluation.progress import Progress
 from app.evaluation.results import EvalResult, Timing, assemble
 from app.evaluation.stream import (
@@ -78,7 +90,7 @@ from feature_store.errors import ConfigurationError
 from feature_store.events import Event, EventContext, EventType
 from feature_store.runtime import Resources, open_resources
 from feature_store.scored import OfflineResult, ScoredSamples
-from feature_store.settings import Settings
+from feature_store.settings import ApiSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +138,9 @@ _CHUNK = 4096
 """Events produced to the log between two drains of the trainer."""
 _DAY_MS = 86_400_000
 Protocol = Literal["retrieval", "loo"]
+MAX_FULL_RANKING = 10_000
+"""Most videos ``full_ranking`` ranks per question: one request's ``api.max_candidates``
+at most (its settings' ceiling)."""
 
 
 @dataclass
@@ -156,6 +171,11 @@ class EvalConfig:
     """Cut-off of the ranking figures (None: 20 for retrieval, 10 for leave-one-out)."""
     candidates: int = 99
     """Leave-one-out: sampled videos ranked beside the held-out one."""
+    full_ranking: bool = False
+    """Leave-one-out: rank the held-out video against the whole catalog minus the user's
+    earlier views instead of ``candidates`` sampled ones (the log replayed is the same)."""
+    mf: AlsParams = field(default_factory=AlsParams)
+    """The matrix-factorisation baseline's settings (:mod:`~app.evaluation.factorization`)."""
     windows: int = 20
     """Equal-count time windows of the per-window AUC."""
     export_every: int = 5000
@@ -199,12 +219,18 @@ class Query:
     pool_rank: int | None = None
     """The item's rank in the service's candidate pool in its sources' interleave order
     (before the model ranked it; None: not in the pool, or no model-ranked answer)."""
+    ranker_rank: int | None = None
+    """The item's rank in that pool by the model's probability alone (no bonus, no rerank;
+    None likewise)."""
     fallback: str | None = None
 
 
 def eval_settings(
-    cfg: EvalConfig, data_dir: Path, kind: str, backend: str, user_attributes: bool = False
+    cfg: EvalConfig, data_dir: Path, kind: str, backend: str, user_attributes: bool = False,
+    catalog_size: int = 0,
 ) -> Settings:
+    """The evaluation's settings; ``catalog_size``: videos one full-ranking question asks
+    the service to rank (its candidate and count caps are raised to it)."""
     features = {"user_attributes": user_attributes and cfg.user_attributes}
     trainer: dict[str, Any] = {
         "batch_size": cfg.batch_size,
@@ -225,7 +251,8 @@ def eval_settings(
         "trainer": trainer,
         "features": features,
         # The service's ONNX session on CPU: the figures are quality, not speed.
-        "api": {"signal_feed": False, "model_poll_interval_s": 3600, "onnx_provider": "cpu"},
+        "api": {"signal_feed": False, "model_poll_interval_s": 3600, "onnx_provider": "cpu",
+                **_full_ranking_caps(cfg, catalog_size)},
         "sparse": {"backend": backend, "model_name": f"eval{int(time.time())}"},
         "stores": {"backend": backend},
     }
@@ -236,6 +263,22 @@ def eval_settings(
     for name, values in cfg.settings.items():
         sections[name] = {**sections.get(name, {}), **values}
     return Settings(**sections)
+
+
+def _full_ranking_caps(cfg: EvalConfig, catalog_size: int) -> dict[str, Any]:
+    """The API caps one full-ranking request needs: every video a candidate, all returned."""
+    if not cfg.full_ranking:
+        return {}
+    if catalog_size > MAX_FULL_RANKING:
+        raise ConfigurationError(
+            f"--full-ranking ranks at most {MAX_FULL_RANKING:,} videos per question (one "
+            f"request); the catalog has {catalog_size:,}: use the sampled protocol"
+        )
+    caps = ApiSettings()
+    size = max(catalog_size, caps.max_candidates)
+    buckets = tuple(b for b in caps.batch_buckets if b < size) + (size,)
+    return {"max_candidates": size, "max_count": max(size, caps.max_count),
+            "batch_buckets": buckets}
 
 
 def _strong_positive(event: Event) -> bool:
@@ -339,13 +382,22 @@ class _Online:
                 context=context,
             )
         pool: list[str] = []
-        service.recommender.pool_observer = lambda user, ids, sources: pool.extend(ids)
+        probability: list[float] = []
+
+        def observe(user: str, ids: Sequence[str], sources: Sequence[str],
+                    scores: np.ndarray) -> None:
+            pool.extend(ids)
+            probability.extend(np.asarray(scores, dtype=np.float64).tolist())
+
+        service.recommender.pool_observer = observe
         try:
             response = service.recommender.recommend(request)
         finally:
             service.recommender.pool_observer = None
         query.rank = rank_of(query.video, [item.video_id for item in response.items])
         query.pool_rank = rank_of(query.video, pool)
+        if query.pool_rank is not None:  # ties keep the pool's order (random under loo)
+            query.ranker_rank = rank_in(query.video, pool, np.asarray(probability))
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
         query.before = self.weighted
         query.fallback = response.fallback_reason
@@ -392,6 +444,8 @@ def plan(cfg: EvalConfig, stream: Stream, settings: Settings) -> list[Query]:
         events = as_feed(events, cfg.negatives, sampler, touched, follow_up,
                          settings.limits.max_id_length)
     stream.events = events
+    if cfg.full_ranking:
+        held = whole_catalog(held, pool, touched, cfg.seed)
     if cfg.protocol == "loo":
         times = [e.ts for e in events]
         return [
@@ -402,6 +456,24 @@ def plan(cfg: EvalConfig, stream: Stream, settings: Settings) -> list[Query]:
     if not stream.catalog:
         return []  # nothing to retrieve from: the report says so
     return pick_queries(events, cfg.queries if cfg.queries is not None else 500, cfg.seed)
+
+
+def whole_catalog(
+    held: list[HeldOut], pool: Sequence[str], touched: dict[str, set[str]], seed: int
+) -> list[HeldOut]:
+    """Each held-out view to be ranked against every video of ``pool`` but the user's
+    training items (what they touched, held-out video aside), in a seeded random order.
+
+    A sampler of its own (not the feed's), so that the log replayed is the same as the
+    sampled protocol's with the same seed.
+    """
+    order = Sampler(pool, seed + 1)
+    return [
+        replace(h, candidates=order.shuffled(
+            [h.video, *(v for v in order.pool if v != h.video and v not in touched[h.user])]
+        ))
+        for h in held
+    ]
 
 
 def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
@@ -421,8 +493,9 @@ def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
             log.log(logging.INFO if stream.kind == "movielens" else logging.WARNING,
                     "%s: every timestamp shifted by %+.1f days (the first was before "
                     "limits.min_ts_ms)", cfg.dataset, stream.shift_ms / _DAY_MS)
+        catalog_size = len(stream.videos) or len({e.video_id for e in stream.events})
         settings = eval_settings(
-            cfg, root / "online", stream.kind, cfg.backend, bool(stream.users)
+            cfg, root / "online", stream.kind, cfg.backend, bool(stream.users), catalog_size
         )
         queries = plan(cfg, stream, settings)
         with open_resources(settings) as resources:

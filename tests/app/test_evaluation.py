@@ -19,7 +19,7 @@ from app.evaluation.baselines import Popularity, prequential
 from app.evaluation.metrics import recall_ndcg, windows
 from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
-from app.evaluation.results import POOL_ROW
+from app.evaluation.results import MF_ROW, POOL_ROW, RANKER_ROW
 from app.evaluation.stream import load_stream, split_samples
 from app.wiring import eval_trainers
 from feature_store.errors import ConfigurationError, InvalidInput
@@ -67,20 +67,24 @@ def test_every_rating_is_one_row_labelled_rating_at_least_4(result, movielens) -
 
 def test_all_models_are_scored_on_the_same_last_20_percent(result) -> None:  # type: ignore[no-untyped-def]
     names = [m.name for m in result.models]
-    assert names[0] == "online Wide&Deep" and names[1] == "popularity"
-    assert names[2].startswith("recent popularity") and names[3].startswith("offline Wide&Deep")
-    assert names[4:] == [POOL_ROW]  # ranks only: no scores
-    for model in result.models[:4]:
+    assert names[:4] == ["online Wide&Deep", RANKER_ROW, "popularity", "recent popularity (7 d)"]
+    assert names[4] == MF_ROW and names[5].startswith("offline Wide&Deep")
+    assert names[6:] == [POOL_ROW]
+    scored = [m for m in result.models if m.name not in (RANKER_ROW, MF_ROW, POOL_ROW)]
+    assert len(scored) == 4
+    for model in scored:
         assert 0.0 <= model.auc_test <= 1.0
         assert np.isfinite(model.logloss_test)
         assert len(model.window_auc) == 5
+    for name in (RANKER_ROW, MF_ROW, POOL_ROW):  # ranks only: no scores
+        assert np.isnan(result.model(name).auc_test)
     # The offline model only scores the test rows: its curve is empty before them.
-    assert np.isnan(result.models[3].window_auc[0])
+    assert np.isnan(result.models[5].window_auc[0])
     assert result.offline_epochs and 1 <= result.offline_best_epoch <= 3
 
 
 def test_online_model_learns_users_beyond_popularity(result) -> None:  # type: ignore[no-untyped-def]
-    online, popularity = result.models[0], result.models[1]
+    online, popularity = result.models[0], result.model("popularity")
     # Movies are liked by half of the users each: popularity is near chance,
     # the online model learns each user's genres from their first ratings.
     assert popularity.auc_test < 0.55
@@ -102,8 +106,23 @@ def test_service_is_asked_at_held_back_positives(result) -> None:  # type: ignor
     assert result.queries == 30
     online = result.models[0]
     assert 0.0 <= online.ndcg <= online.recall <= 1.0
-    for baseline in result.models[1:3]:
-        assert 0.0 <= baseline.recall <= 1.0
+    for name in ("popularity", "recent popularity (7 d)", MF_ROW):
+        assert 0.0 <= result.model(name).ndcg <= result.model(name).recall <= 1.0
+
+
+def test_matrix_factorisation_learns_the_users_genres(result) -> None:  # type: ignore[no-untyped-def]
+    """Ratings >= 4 go to each user's two liked genres: factors learn them, and retrieve
+    the held-back positives that popularity (every genre liked by half the users) misses."""
+    mf, popularity = result.model(MF_ROW), result.model("popularity")
+    assert mf.recall > popularity.recall + 0.1 and mf.ndcg > popularity.ndcg
+
+
+def test_ranker_alone_reorders_the_same_pool_as_the_service(result) -> None:  # type: ignore[no-untyped-def]
+    """The pool ordered by probability alone: a hit needs the item in the pool, as the
+    service's does, and its rank is a reordering of that pool."""
+    ranker, pool = result.model(RANKER_ROW), result.model(POOL_ROW)
+    assert 0.0 <= ranker.ndcg <= ranker.recall <= result.service_candidate_recall
+    assert np.isfinite(pool.recall)
 
 
 def test_pool_row_ranks_the_service_candidates_in_source_order(result) -> None:  # type: ignore[no-untyped-def]
@@ -245,7 +264,8 @@ def test_redis_backends_replay_the_same_rows(movielens, redis_url: str) -> None:
     )
     in_memory = evaluate(_config(movielens[0], **small), eval_trainers())
     assert (on_redis.samples, on_redis.test_rows) == (in_memory.samples, in_memory.test_rows)
-    assert on_redis.models[1].auc_test == in_memory.models[1].auc_test  # same rows, same labels
+    # same rows, same labels
+    assert on_redis.model("popularity").auc_test == in_memory.model("popularity").auc_test
     assert on_redis.models[0].auc_test == pytest.approx(in_memory.models[0].auc_test, abs=0.05)
     client = redis.Redis.from_url(redis_url)
     try:

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from app.evaluation import EvalConfig, evaluate
+from app.evaluation import EvalConfig, evaluate, factorization
 from app.evaluation.baselines import CoOccurrence
 from app.evaluation.feed import (
     IMPRESSION_LEAD_MS,
+    HeldOut,
     Sampler,
     as_feed,
     hold_out_last,
@@ -25,7 +26,8 @@ from app.evaluation.feed import (
 )
 from app.evaluation.metrics import moments, rank_in
 from app.evaluation.report import random_ranking, text_table
-from app.evaluation.results import EvalResult
+from app.evaluation.results import MF_ROW, RANKER_ROW, EvalResult
+from app.evaluation.runner import whole_catalog
 from app.wiring import eval_trainers
 from feature_store.errors import InvalidInput
 from feature_store.events import Event, EventContext, EventType
@@ -132,8 +134,8 @@ def test_loo_feed_has_one_timed_out_negative_per_replayed_view(loo: EvalResult) 
 
 def test_loo_baselines_rank_the_same_candidates(loo: EvalResult) -> None:
     names = [m.name for m in loo.models]
-    assert names[:4] == ["online Wide&Deep", "popularity", "recent popularity (7 d)",
-                         "co-occurrence"]
+    assert names[:6] == ["online Wide&Deep", RANKER_ROW, "popularity",
+                         "recent popularity (7 d)", "co-occurrence", MF_ROW]
     random_hr, _ = random_ranking(100, 10)
     assert random_hr == pytest.approx(0.1)
     co = loo.model("co-occurrence")
@@ -141,9 +143,90 @@ def test_loo_baselines_rank_the_same_candidates(loo: EvalResult) -> None:
     assert co.recall > 3 * random_hr
     assert co.recall > loo.model("popularity").recall
     assert 0.0 < co.ndcg <= co.recall
-    for model in loo.models[:4]:
+    for model in loo.models[:6]:
         assert 0.0 <= model.ndcg <= model.recall <= 1.0
     assert np.isnan(co.auc_test)  # ranks candidates only: no sample scores
+
+
+def test_matrix_factorisation_learns_what_each_user_watches(loo: EvalResult) -> None:
+    """Users watch one category: factors learn it, popularity (uniform here) cannot."""
+    mf, popularity = loo.model(MF_ROW), loo.model("popularity")
+    random_hr, _ = random_ranking(100, 10)
+    assert mf.recall > 2 * random_hr
+    assert mf.recall > popularity.recall + 0.1 and mf.ndcg > popularity.ndcg
+    assert np.isnan(mf.auc_test)
+
+
+def test_ranker_alone_orders_the_service_candidates_by_probability(loo: EvalResult) -> None:
+    ranker = loo.model(RANKER_ROW)
+    random_hr, _ = random_ranking(100, 10)
+    assert 0.0 < ranker.ndcg <= ranker.recall <= 1.0
+    assert ranker.recall > random_hr  # the trained model, not the candidates' random order
+
+
+def test_without_implicit_the_baseline_is_skipped_with_a_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events, catalog = write_positive_log(tmp_path, users=8, videos=40, views=6)
+    monkeypatch.setattr(factorization, "available", lambda: False)
+    got = evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1),
+                   eval_trainers())
+    assert MF_ROW not in [m.name for m in got.models]
+    assert got.skipped == [factorization.MISSING]
+    assert "pip install -e '.[eval]'" in text_table(got)
+    assert np.isfinite(got.model(RANKER_ROW).recall)  # the rest is still there
+
+
+# --- leave-one-out against the whole catalog ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory: pytest.TempPathFactory) -> tuple[EvalResult, EvalResult]:
+    """The same small log evaluated with sampled candidates and against the whole catalog."""
+    events, catalog = write_positive_log(tmp_path_factory.mktemp("full"), users=24,
+                                         videos=80, views=10)
+    sampled = evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1),
+                       eval_trainers())
+    return sampled, evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1,
+                                     full_ranking=True), eval_trainers())
+
+
+def test_full_ranking_counts_against_the_whole_catalog(
+    full: tuple[EvalResult, EvalResult],
+) -> None:
+    sampled, got = full
+    # 80 videos, minus the 9 each user viewed before the held-out tenth
+    assert got.full_ranking and got.candidates_per_query == 80 - 9
+    assert got.queries == 24 and got.service_candidate_recall == 1.0  # every one ranked
+    # the log replayed is the sampled protocol's: only the candidates differ
+    assert (got.events, got.samples) == (sampled.events, sampled.samples)
+    assert got.models[0].auc_test == pytest.approx(sampled.models[0].auc_test, abs=0.05)
+    names = [m.name for m in got.models]
+    for name in ("online Wide&Deep", RANKER_ROW, "popularity", "co-occurrence", MF_ROW):
+        assert name in names
+        assert 0.0 <= got.model(name).ndcg <= got.model(name).recall <= 1.0
+    assert "leave-one-out, full ranking" in got.title
+    table = text_table(got)
+    assert "against the whole catalog: 71 candidates" in table
+    assert "as published sequential-recommendation results count it" in table
+
+
+def test_whole_catalog_drops_the_users_training_items_but_not_the_held_out_one() -> None:
+    pool = [f"v{i}" for i in range(10)]
+    held = [HeldOut("a", "v3", T0, ("v3", "v7")), HeldOut("b", "v1", T0, ("v1", "v2"))]
+    touched = {"a": {"v0", "v3", "v5"}, "b": {"v1", "v2"}}  # b's held-out video: a re-watch
+    got = whole_catalog(held, pool, touched, seed=0)
+    assert sorted(got[0].candidates) == ["v1", "v2", "v3", "v4", "v6", "v7", "v8", "v9"]
+    assert sorted(got[1].candidates) == ["v0", "v1", "v3", "v4", "v5", "v6", "v7", "v8", "v9"]
+    assert [(h.user, h.video, h.ts) for h in got] == [("a", "v3", T0), ("b", "v1", T0)]
+    assert whole_catalog(held, pool, touched, seed=0) == got  # seeded
+
+
+def test_full_ranking_needs_leave_one_out(positive_log: tuple[Path, Path],
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    code = main(["eval", str(positive_log[0]), "--full-ranking", "--no-progress"])
+    assert code == 2
+    assert "--full-ranking" in caplog.text and "--protocol loo" in caplog.text
 
 
 def test_loo_report_and_doc_section_name_the_protocol(

@@ -29,7 +29,10 @@ from app.main import create_app
 from tests.app.conftest import KEY, make_settings
 
 READ_KEY = "read-key-for-tests-0123"
-READ_ROUTES = {("POST", "/v1/recommend"), ("GET", "/v1/videos/{video_id}"), ("GET", "/v1/status")}
+READ_ROUTES = {
+    ("POST", "/v1/recommend"), ("POST", "/v1/recommend/batch"), ("GET", "/v1/videos/{video_id}"),
+    ("GET", "/v1/status"),
+}
 OPEN_ROUTES = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
 
 
@@ -77,6 +80,10 @@ def test_write_bodies_and_recommend_are_components(document: dict[str, Any]) -> 
     assert body["content"]["application/json"]["schema"]["$ref"].endswith("/RecommendRequest")
     answer = document["paths"]["/v1/recommend"]["post"]["responses"]["200"]
     assert answer["content"]["application/json"]["schema"]["$ref"].endswith("/RecommendResponse")
+    # The items' order is the fused ranking, not the score's: a client must not re-sort.
+    response = schemas["RecommendResponse"]["properties"]
+    assert "**not** ``score`` order" in response["items"]["description"]
+    assert "Not the sort key" in schemas["RecommendItem"]["properties"]["score"]["description"]
 
 
 def test_limits_in_the_document_follow_the_settings(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -114,3 +115,40 @@ def test_automatic_activation_stays_within_the_active_family(tmp_path: Path) -> 
     newer = export("r2026", 4)
     assert registry.activate(newer, within_family="r2026")  # the promoted family follows
     assert registry.active() == newer and registry.latest_of("main") == "main-20260101T000003-00000"
+
+
+def test_rollback_undoes_the_newest_operator_activation(tmp_path: Path) -> None:
+    """A promoted family's trainer keeps it current; a rollback undoes the promotion."""
+    registry = ModelRegistry(tmp_path)
+
+    def export(family: str, n: int) -> str:
+        version = f"{family}-20260101T0000{n:02d}-00000"
+        registry.publish(lambda path: path.write_bytes(b"onnx"), Manifest(
+            version=version, family=family, created_at_ms=n, schema_hash="abc", table_dims={}))
+        return version
+
+    mains = [export("main", n) for n in range(3)]
+    for version in mains:
+        assert registry.activate(version, within_family="main")
+    assert registry.rollback_target() == mains[1]  # no decision: one step back
+    winner = export("r1", 10)
+    registry.activate(winner)  # an operator promotes it (an experiment's winner)
+    follow = [export("r1", n) for n in range(11, 25)]  # more than the history's depth
+    for version in follow:
+        assert registry.activate(version, within_family="r1")
+    assert registry.rollback_target() == mains[2]
+    assert registry.rollback() == mains[2]
+    assert not registry.activate(export("r1", 30), within_family="r1")  # it stays out
+    assert registry.activate(export("main", 31), within_family="main")  # main follows
+    assert registry.rollback() == mains[2]  # one step back again
+    with pytest.raises(Conflict):  # mains[1] was one of main's run: kept as one step
+        registry.rollback()
+
+
+def test_a_pointer_written_before_activations_were_recorded_steps_back(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    first, second, third = (publish(registry, n) for n in range(3))
+    old = {"version": third, "previous": [second, first]}
+    (tmp_path / "ACTIVE").write_text(json.dumps(old))
+    assert registry.rollback_target() == second
+    assert registry.rollback() == second and registry.rollback() == first

@@ -28,7 +28,9 @@ const Charts = (() => {
     const ctx = canvas.getContext("2d");
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, w, h);
-    const pad = { l: 44, r: 10, t: 22, b: 20 };
+    ctx.font = "11px system-ui, sans-serif";
+    const legend = layoutLegend(ctx, series, 44, w - 10);
+    const pad = { l: 44, r: 10, t: 10 + 14 * legend.lines, b: 20 };
     let xmin = Infinity, xmax = -Infinity, ymin = Infinity, ymax = -Infinity, drawn = 0;
     for (const s of series) for (const [x, y] of s.points) {
       if (y === null || y === undefined || !isFinite(y)) continue;
@@ -36,7 +38,7 @@ const Charts = (() => {
       ymin = Math.min(ymin, y); ymax = Math.max(ymax, y); drawn++;
     }
     canvas.dataset.points = String(drawn);
-    ctx.font = "11px system-ui, sans-serif";
+    canvas.dataset.legendFits = String(legend.fits);
     if (!drawn) {
       ctx.fillStyle = "#98a2b3"; ctx.fillText("waiting for data…", pad.l, h / 2);
       return;
@@ -67,12 +69,26 @@ const Charts = (() => {
       ctx.stroke();
     });
     ctx.setLineDash([]);
-    let lx = pad.l;
-    series.forEach((s, i) => {
-      ctx.fillStyle = s.color || COLORS[i % COLORS.length]; ctx.fillRect(lx, 7, 10, 3);
-      ctx.fillStyle = "#344054"; ctx.fillText(s.label, lx + 14, 12);
-      lx += 24 + ctx.measureText(s.label).width;
+    legend.items.forEach(({ s, i, x, line }) => {
+      const y = 7 + 14 * line;
+      ctx.fillStyle = s.color || COLORS[i % COLORS.length]; ctx.fillRect(x, y, 10, 3);
+      ctx.fillStyle = "#344054"; ctx.fillText(s.label, x + 14, y + 5);
     });
+  }
+
+  // Legend entries left to right, wrapping to a new line (the plot moves down) rather
+  // than running past the canvas's right edge; fits is false only when one label alone
+  // is wider than the canvas.
+  function layoutLegend(ctx, series, left, right) {
+    const items = []; let x = left, line = 0, fits = true;
+    series.forEach((s, i) => {
+      const width = 14 + ctx.measureText(s.label).width;
+      if (x > left && x + width > right) { line++; x = left; }
+      if (x + width > right) fits = false;
+      items.push({ s, i, x, line });
+      x += width + 10;
+    });
+    return { items, lines: series.length ? line + 1 : 0, fits };
   }
 
   return { draw, fmt, COLORS };

@@ -5,7 +5,7 @@
   const $ = (id) => document.getElementById(id);
   const KEY = "vidrec.dashboard.key", NAME = "vidrec.dashboard.operator";
   const KEEP_MS = 30 * 60 * 1000;  // chart history kept in the page
-  let refreshMs = 2000, timer = null, role = null, busy = false;
+  let refreshMs = 2000, timer = null, role = null, busy = false, rollbackTarget = null;
   const hist = { training: [], serving: [], retrain: {} };
   let since = { training: 0, serving: 0 };
 
@@ -57,9 +57,13 @@
   $("logout").addEventListener("click", () => logout(""));
 
   // --- rendering ---------------------------------------------------------
+  // A tile takes two columns when its value would not fit one (ids, "a / pop. b"),
+  // and wraps at spaces past that: a figure is never cut off.
   function kpis(el, items) {
-    el.innerHTML = items.map(([label, value, id]) =>
-      `<div class="kpi"><div class="label">${esc(label)}</div><div class="value${String(value).length > 14 ? " long" : ""}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`).join("");
+    el.innerHTML = items.map(([label, value, id]) => {
+      const n = String(value).length, span = n > 9 ? " span2" : "", long = n > 18 ? " long" : "";
+      return `<div class="kpi${span}"><div class="label">${esc(label)}</div><div class="value${long}" ${id ? `id="${id}"` : ""}>${esc(value)}</div></div>`;
+    }).join("");
   }
 
   function table(el, head, rows) {
@@ -83,12 +87,22 @@
       ["negative head AUC (skip, dislike)", `${num(l.negative_auc)} / pop. ${num(l.negative_baseline_auc)}`, "kpi-negative-auc"],
       ["watch head rank corr. (MAE)", `${num(l.watch_spearman)} (${num(l.watch_mae)}) / pop. ${num(l.watch_baseline_spearman)}`, "kpi-watch-spearman"],
       ["last export", t.last_version || "–"],
+      ["served-log join", joinText(t.served_join), "kpi-served-join"],
     ]);
     for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
     trim(hist.training);
     const lag = t.lag_per_partition || {};
     table($("lag-table"), ["partition", "lag"], Object.entries(lag).map(([p, v]) => `<tr><td>${esc(p)}</td><td>${int(v)}</td></tr>`));
     drawTraining();
+  }
+
+  // Events naming a recommendation, by what the trainer's join made of them (trainer/served.py).
+  function joinText(j) {
+    if (!j) return "–";
+    const named = ["joined", "missing", "late", "unknown", "other_schema"].reduce((n, k) => n + (j[k] || 0), 0);
+    if (!named) return "no events named a recommendation yet";
+    return `${pct(j.joined / named)} joined · ${int(j.missing)} missing · ${int(j.late)} late · ${int(j.unknown)} unknown` +
+      (j.other_schema ? ` · ${int(j.other_schema)} other schema` : "");
   }
 
   function series(list, field) { return list.map((p) => [p.ts_ms, p[field]]); }
@@ -177,7 +191,8 @@
       return `<tr data-version="${esc(v.version)}" data-active="${v.active}"><td>${esc(v.version)}</td><td>${esc(v.family)}</td><td>${when(v.created_at_ms)}</td><td>${int(v.events_total)}</td><td class="hint">${esc(pos || "–")}</td><td>${num(mt.auc)}</td><td>${num(mt.logloss)}</td><td>${num(mt.baseline_auc)}</td><td>${tags}</td><td>${promote}</td></tr>`;
     });
     table($("versions-table"), ["version", "family", "created", "events trained", "log position", "AUC", "log loss", "baseline AUC", "", ""], rows);
-    $("btn-rollback").disabled = !(m.previous && m.previous.length);
+    rollbackTarget = m.rollback_target || null;
+    $("btn-rollback").disabled = !rollbackTarget;
   }
 
   function renderTables(t) {
@@ -253,7 +268,7 @@
     export: () => "Export the live model now and make the new version active?",
     pause: () => "Pause the live trainer? It stops consuming events until resumed.",
     resume: () => "Resume the live trainer?",
-    rollback: () => "Roll back to the previous model version? The service swaps to it at once.",
+    rollback: () => `Roll back to ${rollbackTarget || "the previous model version"}? It undoes the last promotion or export you made (or steps back one version); the service swaps to it at once.`,
     promote: (b) => `Promote ${b.version}? It becomes the active version the service serves.`,
     retrain: (b) => `Start a retrain replaying the event log from ${new Date(b.from_ts_ms).toLocaleString("en-GB")}? A new model family trains beside the live one.`,
     retrain_stop: (b) => `Stop retrain family ${b.target}?`,

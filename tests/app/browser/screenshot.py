@@ -1,6 +1,6 @@
 """Take ``docs/dashboard.png``: the dashboard after a minute of demo traffic.
 
-    python -m tests.app.browser.screenshot [docs/dashboard.png] [--seconds 60]
+    python -m tests.app.browser.screenshot [docs/dashboard.png] [--seconds 60] [--width 1400]
 
 Runs what ``vidrec up --demo`` runs (embedded trainer, demo traffic) on a
 free port in a temporary data directory, exports every 15 s so the versions
@@ -34,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", nargs="?", default="docs/dashboard.png")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--width", type=int, default=1400, help="viewport width, CSS px")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from playwright.sync_api import sync_playwright
@@ -48,7 +49,7 @@ def main() -> None:
     app = create_app(settings, extensions=embedded_extensions(demo=True))
     with serve_in_thread(app) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page = browser.new_page(viewport={"width": args.width, "height": 1000})
         page.goto(f"{url}/dashboard")
         page.fill("#key", ADMIN["X-API-Key"])
         page.fill("#operator", ADMIN["X-Operator"])

@@ -69,6 +69,7 @@ def test_charts_fill_under_traffic(page: Any, live_url: str) -> None:
             arg=chart, timeout=60_000,
         )
     assert page.text_content("#kpi-trainer-state") == "running"
+    assert page.text_content("#kpi-served-join") not in (None, "", "–")
     assert page.locator("#tables-table tbody tr").count() >= 2
     assert page.locator("#lag-table tbody tr").count() == 4
 
@@ -172,3 +173,78 @@ def test_an_experiment_is_started_counted_and_concluded_from_the_page(
     )
     assert "b won" in (page.text_content("#experiment-ended") or "")
     assert page.locator("#experiment-table tbody tr").count() == 0
+
+
+def unmatched_requests(url: str) -> float:
+    """Requests the service answered for no route (404s: a favicon the page never named)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith('vidrec_request_seconds_count{route="unmatched"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+LAYOUT_CHECK = """() => {
+  const width = window.innerWidth, out = {page: document.documentElement.scrollWidth <= width};
+  const visible = (el) => {
+    const r = el.getBoundingClientRect();
+    if (r.width < 8 || r.left < 0 || r.right > width) return false;
+    const y = r.top + Math.min(10, r.height / 2);
+    return [r.left + 4, r.right - 4].every((x) => {
+      const hit = document.elementFromPoint(x, y);
+      return hit !== null && (hit === el || el.contains(hit));
+    });
+  };
+  const audit = document.getElementById("audit-table");
+  audit.scrollIntoView();
+  const box = audit.parentElement;
+  out.auditScrollsSideways = box.scrollWidth > box.clientWidth;
+  out.auditHeads = [...audit.querySelectorAll("thead th")]
+    .map((th) => [th.textContent, visible(th)]);
+  out.auditCells = [...audit.querySelectorAll("tbody tr:first-child td")].map(visible);
+  out.failedRows = [...audit.querySelectorAll("tbody tr")].slice(0, 2)
+    .map((tr) => visible(tr.children[3]) && visible(tr.children[4]) && tr.children[3].textContent);
+  out.cutTiles = [...document.querySelectorAll(".kpi .value")]
+    .filter((v) => v.scrollWidth > v.clientWidth + 1 || v.scrollHeight > v.clientHeight + 1)
+    .map((v) => v.id || v.textContent);
+  out.clippedLegends = [...document.querySelectorAll("canvas")]
+    .filter((c) => c.dataset.legendFits === "false").map((c) => c.id);
+  return out;
+}"""
+
+
+def test_at_1400_px_every_audit_column_tile_and_legend_shows(page: Any, live_url: str) -> None:
+    """An operator at 1,400 px sees each audit entry's outcome and message (a failed action
+    must not look like a done one), every KPI whole, every chart legend, and no 404."""
+    before = unmatched_requests(live_url)
+    headers = {"X-API-Key": ADMIN_KEY, "X-Operator": "dana"}
+    refused = httpx.post(f"{live_url}/dashboard/api/actions/promote",
+                         json={"version": "main-nope"}, headers=headers).json()
+    assert refused["status"] == "failed"
+    experiment = {"id": "newsletter-ranking-2026-q1", "arms": [  # long arguments, no spaces
+        {"name": "control", "family": "main"}, {"name": "candidate", "family": "r20990101000000"}]}
+    started = httpx.post(f"{live_url}/dashboard/api/actions/experiment_start",
+                         json={"experiment": experiment}, headers=headers).json()
+    assert started["status"] == "failed"
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    logged_in(page, live_url)
+    for chart in ("#chart-auc", "#chart-logloss", "#chart-heads", "#chart-throughput",
+                  "#chart-requests", "#chart-latency"):
+        page.wait_for_function(
+            "(sel) => Number(document.querySelector(sel).dataset.points || 0) >= 2",
+            arg=chart, timeout=60_000,
+        )
+    page.wait_for_function("() => document.querySelectorAll('#audit-table tbody tr').length")
+    layout = page.evaluate(LAYOUT_CHECK)
+    assert layout["page"], "the page scrolls sideways at 1,400 px"
+    assert not layout["auditScrollsSideways"]
+    assert layout["auditHeads"] == [
+        ["when", True], ["who", True], ["what", True], ["outcome", True], ["message", True]
+    ]
+    assert layout["auditCells"] == [True] * 5
+    assert layout["failedRows"] == ["failed", "failed"]  # the experiment, the promotion
+    assert layout["cutTiles"] == []
+    assert layout["clippedLegends"] == []
+    newest = page.locator("#audit-table tbody tr").first
+    assert "failed" in (newest.locator("td").nth(3).text_content() or "")
+    assert "no version of family" in (newest.locator("td").nth(4).text_content() or "")
+    assert unmatched_requests(live_url) == before  # no /favicon.ico (nor any unknown path)
