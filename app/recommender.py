@@ -22,6 +22,9 @@ Fallbacks (``fallback: true`` in the response, counted by reason):
 - ``no_model``: no version loaded yet; candidates keep their source order;
 - ``error``: an unexpected exception (a bug) while answering: logged with its
   traceback, answered like ``degraded``;
+- ``deadline``: not scored by the request's deadline (``api.recommend_deadline_ms``:
+  the process is overloaded, or a backend is slow); answered like ``degraded``
+  (:mod:`app.admission`);
 - ``degraded``: a backend (Redis, the sparse tables) failed mid-request; the
   answer comes from an in-process popular list refreshed every few seconds
   while the backends were up (:class:`PopularList`), never a 500. Nothing
@@ -32,8 +35,8 @@ Fallbacks (``fallback: true`` in the response, counted by reason):
 from __future__ import annotations
 
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -42,6 +45,7 @@ from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
 from app.experiments.arms import ArmModels, Assignment
 from app.metrics import Metrics
+from app.recommendation_ids import RecommendationIds
 from app.rerank import Reranker
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
@@ -51,6 +55,7 @@ from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
+from feature_store.log_summary import LogSummary
 from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
 from feature_store.worker import periodic
@@ -115,6 +120,8 @@ class Recommender:
         arms: ArmModels | None = None,
         pool_observer: PoolObserver | None = None,
         rerank: Reranker | None = None,
+        ids: RecommendationIds | None = None,
+        log_summary: LogSummary | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -136,6 +143,10 @@ class Recommender:
         self.rerank = rerank
         """Exclusions, cold start, demotion and diversity before the top-K (None: plain
         top-K by the ranking)."""
+        self.ids = ids or RecommendationIds(secrets.token_bytes(32))
+        """Issues each response's ``recommendation_id`` (default: ids of this process only)."""
+        self.log_summary = log_summary or LogSummary(log)
+        """Where degraded answers are logged: one line per interval, with counts."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""
@@ -165,7 +176,7 @@ class Recommender:
         try:
             response = self._recommend(request, count, model, assigned)
         except BACKEND_ERRORS as exc:
-            log.warning("recommend degraded: %s", exc)
+            self.log_summary.record("recommend degraded (a backend is down)", exc)
             response = self._degraded(request, count, model)
         except Exception:  # a bug must cost quality, not the caller's page
             log.exception("recommend failed; answering from the popular list")
@@ -173,6 +184,14 @@ class Recommender:
         if response.fallback_reason is not None:
             self.metrics.fallbacks.labels(response.fallback_reason).inc()
         self.metrics.observe_stage("total", time.perf_counter() - started)
+        return response
+
+    def past_deadline(self, request: RecommendRequest) -> RecommendResponse:
+        """The answer to a request not scored by its deadline: popular videos from memory
+        (``fallback_reason: "deadline"``), made on the caller's thread in microseconds."""
+        count = self.validate(request)
+        response = self._degraded(request, count, self.holder.current, reason="deadline")
+        self.metrics.fallbacks.labels("deadline").inc()
         return response
 
     def _recommend(
@@ -290,7 +309,7 @@ class Recommender:
         # Plain dicts validated in one pydantic-core call: 3x cheaper than 20 model objects.
         response = RecommendResponse.model_validate(
             {
-                "recommendation_id": uuid.uuid4().hex,
+                "recommendation_id": self.ids.issue(),
                 "model_version": version,
                 "items": [
                     {"video_id": ids[i], "score": score, "source": sources[i]}
@@ -324,7 +343,7 @@ class Recommender:
                 if _passes(c, request)
             ][:count]
         return RecommendResponse(
-            recommendation_id=uuid.uuid4().hex,
+            recommendation_id=self.ids.issue(),
             model_version=model.version if model else None,
             items=items,
             fallback=True,

@@ -44,7 +44,12 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    CommitFailedError,
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAlreadyExistsError,
+)
 from kafka.structs import OffsetAndMetadata
 
 from feature_store import tracing
@@ -159,8 +164,9 @@ class KafkaEventLog:
         self._start_lock = threading.Lock()
         self._consumers: list[KafkaEventConsumer] = []
         self._closed = False
-        self.breaker = Breaker("kafka")
-        """Down after a produce failed or timed out; half-open trials bring it back."""
+        self.breaker = Breaker("kafka", probe=self._probe_broker)
+        """Down after a produce failed or was not acknowledged within its budget; while
+        down every produce is refused at once, and a background probe brings it back."""
         self._connector: threading.Thread | None = None
 
     def client_config(self) -> dict[str, Any]:
@@ -296,7 +302,12 @@ class KafkaEventLog:
 
     def produce(self, events: Sequence[Any], timeout_s: float | None = None) -> None:
         """Append items of this log's stream (events, or served records); waits for acks
-        (at most ``timeout_s``, default the request timeout), through the breaker."""
+        (at most ``timeout_s``, default the request timeout), through the breaker.
+
+        A wait that ends without every acknowledgement before ``kafka.produce_timeout_ms``
+        does not mark the broker down: the caller's deadline was nearer than the
+        broker's budget (an overloaded API), which says nothing of the broker; under
+        load, blaming it refused the next requests too."""
         if not events:
             return
         if not self.breaker.allow():
@@ -309,10 +320,15 @@ class KafkaEventLog:
             records = [
                 (self.topic, codec.key(item), codec.encode(item), headers) for item in events
             ]
+            wait_s = self._timeout_s if timeout_s is None else timeout_s
+            started = time.monotonic()
             try:
-                self._send(records, self._timeout_s if timeout_s is None else timeout_s)
+                self._send(records, wait_s)
             except EventLogUnavailable as exc:
-                self.breaker.failed(exc)
+                budget_s = self.settings.kafka.produce_timeout_ms / 1000
+                had_budget = max(wait_s, time.monotonic() - started) >= budget_s
+                if had_budget or not isinstance(exc.__cause__, KafkaTimeoutError):
+                    self.breaker.failed(exc)
                 exc.retry_after_s = self.breaker.retry_after_s()
                 raise
         self.breaker.succeeded()
@@ -401,6 +417,20 @@ class KafkaEventLog:
         with self._probe_lock, self._guarded("metadata"):
             partitions = probe.partitions_for_topic(topic) or set()
         return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+    def _probe_broker(self) -> None:
+        """The breaker's probe, from its thread while the broker is down: every leader of
+        the topic's partitions answers an offsets request within the produce budget (so
+        no client request is the one that finds out, at the cost of its budget)."""
+        probe = self._probe
+        if probe is None:
+            raise EventLogUnavailable("not connected to the broker yet")
+        timeout_ms = max(1000, 2 * self.settings.kafka.produce_timeout_ms)
+        with self._probe_lock, _kafka_errors("probe"):
+            partitions = probe.partitions_for_topic(self.topic) or set()
+            probe.end_offsets(
+                [TopicPartition(self.topic, p) for p in sorted(partitions)], timeout_ms=timeout_ms
+            )
 
     def _ready_probe(self) -> KafkaConsumer:
         self._ready_producer()
