@@ -662,8 +662,10 @@ class TrainerSettings(_Section):
     (``0.0.0.0`` in a container whose metrics are scraped from outside)."""
     # --- scale-out: several trainers in one group (trainer/distributed.py) ---
     group_sync: bool = False
-    """Share per-partition progress and average the dense network with the other
-    trainers of ``group_id`` through Redis; needs ``sparse.backend=redis``."""
+    """Average the dense networks (ranker and towers) with the other trainers of
+    ``group_id`` through Redis; needs ``sparse.backend=redis``. The group's progress and
+    exporter lease need no setting: every trainer on the Redis tables keeps them
+    (``trainer/distributed.py``)."""
     dense_sync_every_s: float = Field(5.0, gt=0)
     """Seconds between dense averaging rounds (with ``group_sync``); also the
     staleness bound of a peer's parameters when averaged."""

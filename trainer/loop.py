@@ -109,7 +109,9 @@ class OnlineTrainer:
         torch.manual_seed(cfg.seed)
         self.model = WideDeep(self.schema, cfg.hidden)
         self.durable_sparse = settings.sparse.backend != "memory"
-        self.group = open_group_sync(resources)  # scale-out (trainer/distributed.py); or None
+        self.group = open_group_sync(resources)
+        """The group's progress, exporter lease and dense averaging (trainer/distributed.py);
+        None with in-process sparse tables (one trainer, always its own exporter)."""
         self.trainer = Trainer(
             self.schema,
             resources.tables,
@@ -154,6 +156,12 @@ class OnlineTrainer:
         self._served_aligned: bool | None = None
         """Whether the served topic has the events topic's partition count (then this
         trainer reads only the served partitions of its own users)."""
+        self._averaged: torch.nn.Module = (
+            self.model
+            if self.retrieval is None
+            else torch.nn.ModuleList([self.model, self.retrieval.model])
+        )
+        """What the group averages: the ranker, and the towers beside it."""
         self.seq = 0
         """Sequence number of the last checkpoint written or loaded."""
         self._trained_ids: list[str] = []
@@ -246,7 +254,7 @@ class OnlineTrainer:
                 if self.served is not None:
                     self.served.close()
                 consumer.close()
-                if self.group is not None:  # scale-out: peers stop averaging with this copy
+                if self.group is not None:  # peers stop averaging with this copy; lease freed
                     self.group.leave()
                 self._fetcher = None
                 self._thread_id = None
@@ -286,7 +294,6 @@ class OnlineTrainer:
         if events:
             self._retry(lambda: self.resources.activity.record(events, lookup.durations))
         self._retry(self.trainer.settle)  # the pushes land before the journal line
-        self._train_retrieval()
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
                 self.positions[r.partition] = r.offset + 1
@@ -296,10 +303,13 @@ class OnlineTrainer:
         if self.durable_sparse and ids:
             with open(self.root / JOURNAL_FILE, "a") as fh:
                 fh.write(json.dumps(ids) + "\n")
+        if group is not None:  # the group's progress, right after the journal line
+            self._retry(lambda: group.trained(records))
         if self.served is not None and records:
             self.served.trained_to(max(r.log_ts for r in records))
-        if group is not None:  # scale-out: the group's progress, after the journal line
-            self._retry(lambda: group.trained(records))
+        # The towers train on buffered positives after the batch is recorded as trained:
+        # a crash in between loses a step of the towers, never trains an event twice.
+        self._train_retrieval()
         if self.cfg.audit:
             self._trained_ids += ids
         self._batches_since_export += 1
@@ -469,6 +479,7 @@ class OnlineTrainer:
                 except BackendUnavailable as exc:
                     log.warning("metrics series unavailable: %s", exc)
             self._heartbeat()
+        leads = self.exports()  # takes or renews the group's exporter lease (cached)
         fresh = self._batches_since_export > 0  # nothing new since the last export: skip
         due_by_time = (
             cfg.export_every_s > 0 and now - self._last_export >= cfg.export_every_s and fresh
@@ -476,7 +487,7 @@ class OnlineTrainer:
         due_by_count = (
             cfg.export_every_batches > 0 and self._batches_since_export >= cfg.export_every_batches
         )
-        if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
+        if (due_by_time or due_by_count) and self.metrics.samples_total > 0 and leads:
             try:
                 self.export("own_family" if cfg.auto_activate else False)
             except Exception as exc:  # a failed export must not stop training; retried later
@@ -486,7 +497,7 @@ class OnlineTrainer:
         if self.group is not None and self.group.due():  # scale-out: dense averaging
             try:
                 with self._lock:
-                    self.group.average(self.model, self.metrics.samples_total)
+                    self.group.average(self._averaged, self.metrics.samples_total)
             except BackendUnavailable as exc:
                 log.warning("dense sync skipped: %s", exc)
         if now - self._last_checkpoint >= cfg.checkpoint_every_s and self._dirty:
@@ -496,6 +507,18 @@ class OnlineTrainer:
                 self.last_error = f"checkpoint failed: {exc!r}"
                 self._last_checkpoint = now
                 log.exception("checkpoint failed; offsets stay uncommitted")
+
+    def exports(self) -> bool:
+        """Whether this trainer is its group's exporter (alone, it always is): only it
+        exports on its timer and answers *Export now* (``trainer/distributed.py``)."""
+        group = self.group
+        if group is None:
+            return True
+        try:
+            return group.leads()
+        except BackendUnavailable as exc:  # no Redis, no lease: nobody exports meanwhile
+            log.warning("exporter lease unavailable: %s", exc)
+            return False
 
     def _serve_requests(self) -> None:
         while True:
@@ -536,6 +559,7 @@ class OnlineTrainer:
                 family=self.resources.settings.sparse.model_name,
                 training_position={
                     "group_id": self.cfg.group_id,
+                    "exporter": None if self.group is None else self.group.member,
                     "positions": {str(p): o for p, o in sorted(self.positions.items())},
                     "events_total": self.metrics.events_total,
                     "samples_total": self.metrics.samples_total,
@@ -705,6 +729,7 @@ class OnlineTrainer:
             "positions": {str(p): o for p, o in sorted(self.positions.items())},
             "last_error": self.last_error,
             "metrics": self.last_point,
+            "exporter": self.group is None or self.group.exporter,
             "group": None if self.group is None else self.group.status(),
             "served": None if self.served is None else self.served.status(),
             "retrieval": None if self.retrieval is None else self.retrieval.status(),

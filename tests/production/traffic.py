@@ -1,4 +1,6 @@
-"""Client traffic that names its recommendations: the served-log join's workload.
+"""Client traffic of the production-topology tests and benchmarks.
+
+:class:`Plays` posts plays at a steady rate (the scaling and exporter tests).
 
 :class:`NamingClient` asks for recommendations at ``recommend_per_s`` and,
 for every response a model ranked, reports what it showed as a client
@@ -134,3 +136,46 @@ class NamingClient:
                 self.errors.append(f"post: {response.status_code} {response.text[:200]}")
                 return
             time.sleep(float(response.headers.get("Retry-After", "1")))
+
+
+class Plays:
+    """Posts ``per_s`` batches of plays (``batch`` users each) until stopped."""
+
+    def __init__(self, url: str, videos: list[str], per_s: float = 5, batch: int = 20) -> None:
+        self.url, self.videos, self.per_s, self.batch = url, videos, per_s, batch
+        self.acked: list[tuple[str, str]] = []
+        """(event id, video id) of every acknowledged play."""
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Plays:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            n = 0
+            while not self._stop.wait(1.0 / self.per_s):
+                now = int(time.time() * 1000)
+                events = [
+                    {"event_id": f"s{n}-{i}", "user_id": f"su{(n * self.batch + i) % 97}",
+                     "video_id": self.videos[(n + i * 3) % len(self.videos)], "type": "play",
+                     "watch_ms": 30_000, "duration_ms": 60_000, "ts": now}
+                    for i in range(self.batch)
+                ]
+                n += 1
+                while not self._stop.is_set():
+                    try:
+                        r = client.post("/v1/events", json={"events": events}, headers=KEY)
+                    except httpx.HTTPError as exc:
+                        self.errors.append(repr(exc))
+                        continue
+                    if r.status_code == 200:
+                        self.acked += [(e["event_id"], e["video_id"]) for e in events]
+                        break
+                    time.sleep(float(r.headers.get("Retry-After", "1")))
