@@ -93,19 +93,24 @@ def _batch_write(retry: Retry, method: str, path: str, key: str,
         raise api_error(response)  # the body itself was refused, not its items
     return BatchResult.model_validate(
         {k: body.get(k) for k in ("accepted", "rejected", "errors")}
+        | {"warnings": body.get("warnings") or []}  # a service before warnings has none
     )
 
 
 def merged(results: Sequence[tuple[int, BatchResult]]) -> BatchResult:
-    """Batch results as one, each error's ``index`` counted from the first batch's start."""
-    errors = [
-        ItemError(index=offset + e.index, id=e.id, field=e.field, message=e.message)
-        for offset, result in results for e in result.errors
-    ]
+    """Batch results as one, each error's and warning's ``index`` counted from the first
+    batch's start."""
+    def shifted(pick: str) -> list[ItemError]:
+        return [
+            ItemError(index=offset + e.index, id=e.id, field=e.field, message=e.message)
+            for offset, result in results for e in getattr(result, pick)
+        ]
+
     return BatchResult(
         accepted=sum(r.accepted for _, r in results),
         rejected=sum(r.rejected for _, r in results),
-        errors=errors,
+        errors=shifted("errors"),
+        warnings=shifted("warnings"),
     )
 
 
