@@ -45,7 +45,6 @@ from app.candidates.retrieval import Candidate, CandidateFilter, Retriever
 from app.candidates.sources import REQUEST
 from app.experiments.arms import ArmModels, Assignment
 from app.metrics import Metrics
-from app.recommendation_ids import RecommendationIds
 from app.rerank import Reranker
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.onnx_model import LoadedModel, ModelHolder
@@ -56,6 +55,7 @@ from feature_store.activity.base import ActivityStore
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
 from feature_store.log_summary import LogSummary
+from feature_store.recommendation_ids import RecommendationIds
 from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
 from feature_store.worker import periodic
@@ -267,11 +267,13 @@ class Recommender:
                 request.user_id, now_ms, history, request.exclude_served, ids,
                 self.scorer.extractor.table, rows, scores, count, bonus,
             )
+        logged = self.served_log is not None and features is not None
         response, order = self._respond(
             ids, sources, scores, count, model.version, reason, arm=assigned,
-            ranking=fuse(scores, bonus), order=ranked,
+            ranking=fuse(scores, bonus), order=ranked, logged=logged,
         )
-        if self.served_log is not None and features is not None:
+        if logged:
+            assert self.served_log is not None and features is not None
             self.served_log.record(Served(
                 response.recommendation_id, request.user_id, now_ms, model.version,
                 request.context, ids, sources, scores, order, features,
@@ -292,10 +294,12 @@ class Recommender:
         arm: Assignment | None = None,
         ranking: np.ndarray | None = None,
         order: np.ndarray | None = None,
+        logged: bool = False,
     ) -> tuple[RecommendResponse, np.ndarray]:
         """The response's top ``count`` items by ``ranking`` (default: ``scores``), and
         their rows in ``ids`` (best first); each item's score is its ``scores`` value.
-        ``order``: those rows, chosen already (by the rerank)."""
+        ``order``: those rows, chosen already (by the rerank). ``logged``: its record goes
+        to the served log (its id says so)."""
         rank = scores if ranking is None else ranking
         k = min(count, len(ids))
         if order is not None:
@@ -309,7 +313,7 @@ class Recommender:
         # Plain dicts validated in one pydantic-core call: 3x cheaper than 20 model objects.
         response = RecommendResponse.model_validate(
             {
-                "recommendation_id": self.ids.issue(),
+                "recommendation_id": self.ids.issue(logged),
                 "model_version": version,
                 "items": [
                     {"video_id": ids[i], "score": score, "source": sources[i]}
@@ -343,7 +347,7 @@ class Recommender:
                 if _passes(c, request)
             ][:count]
         return RecommendResponse(
-            recommendation_id=self.ids.issue(),
+            recommendation_id=self.ids.issue(logged=False),
             model_version=model.version if model else None,
             items=items,
             fallback=True,

@@ -23,7 +23,6 @@ from app.experiments.arms import ArmModels
 from app.experiments.checkpoints import FeedCheckpoints, open_checkpoints
 from app.experiments.feed import ExperimentFeed, run_experiment_feed
 from app.metrics import Metrics
-from app.recommendation_ids import RecommendationIds
 from app.recommender import PopularList, PopularRefresher, Recommender
 from app.rerank import Reranker
 from app.scoring.fusion import Fusion
@@ -38,6 +37,7 @@ from feature_store.events import EventValidator
 from feature_store.experiments import ExperimentSpec, ExperimentStore
 from feature_store.features.values import layout_of
 from feature_store.log_summary import LogSummary
+from feature_store.recommendation_ids import RecommendationIds
 from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
 from feature_store.signals.feedback import attach_feedback

@@ -153,9 +153,9 @@ def produce_within_deadline(service: Service, events: list[Event], deadline: flo
 
 def count_unattributed(service: Service, warnings: list[ItemError]) -> None:
     """Count and log (a summary line per interval) events whose ``recommendation_id`` this
-    service never issued (:mod:`app.recommendation_ids`). Their id was dropped: the trainer
-    and the experiment feed would otherwise wait for a served record that does not exist,
-    and count a lost join."""
+    service never issued (:mod:`feature_store.recommendation_ids`). Their id was dropped:
+    the trainer and the experiment feed would otherwise wait for a served record that does
+    not exist, and count a lost join."""
     service.metrics.unknown_recommendation_ids.inc(len(warnings))
     service.log_summary.record(
         "events naming a recommendation_id this service never issued",

@@ -46,6 +46,7 @@ from feature_store import tracing
 from feature_store.errors import VidrecError
 from feature_store.eventlog.base import ConsumedEvent, ConsumedRecord, EventConsumer, Position
 from feature_store.experiments import ExperimentStore
+from feature_store.recommendation_ids import logged_response
 from feature_store.runtime import Resources
 from feature_store.served import ServedRecord
 from feature_store.worker import Worker
@@ -276,11 +277,12 @@ class ExperimentFeed:
         self._catch_up()
         index = self._index
         now_ms = int(time.time() * 1000)
-        unknown = [
+        unknown = [  # a fallback's id has no record to wait for (its id says so)
             r for r in records
-            if r.event.recommendation_id is not None and not index.knows(
-                r.event.recommendation_id
-            ) and r.log_ts >= now_ms - RECENT_MS
+            if r.event.recommendation_id is not None
+            and logged_response(r.event.recommendation_id)
+            and not index.knows(r.event.recommendation_id)
+            and r.log_ts >= now_ms - RECENT_MS
         ]
         if unknown:  # served records not read yet? wait for them once
             wanted = {r.event.recommendation_id or "" for r in unknown}

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from feature_store.recommendation_ids import logged_response
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
 from tests.factories import make_event, make_video
 
@@ -255,6 +256,23 @@ def test_an_unknown_recommendation_id_keeps_the_event_without_it_and_says_so(
         kept = {r.event.event_id: r.event.recommendation_id for r in consumer.poll(100, 1.0)}
     assert kept == {"ours": issued, "made-up": None, "forged": None, "none": None}
     assert "vidrec_unknown_recommendation_ids_total 2.0" in client.get("/metrics").text
+
+
+def test_an_id_says_whether_its_response_was_logged(client: TestClient) -> None:
+    """Readers of the served log wait for a record only when the id says one was written
+    (a model ranked the response); a fallback's id says none was."""
+    put_videos(client, [video_json(video_id="v1")])
+    fallback = client.post("/v1/recommend", json={"user_id": "u1"}).json()
+    assert fallback["fallback_reason"] == "no_model"
+    assert not logged_response(fallback["recommendation_id"])
+    with_model(client)
+    ranked = client.post("/v1/recommend", json={"user_id": "u1"}).json()
+    assert ranked["model_version"] is not None and ranked["fallback_reason"] != "no_model"
+    assert logged_response(ranked["recommendation_id"])
+    ids = service_of(client).recommender.ids
+    assert ids.issued(ranked["recommendation_id"]) and ids.issued(fallback["recommendation_id"])
+    forged = "1" + fallback["recommendation_id"][1:]  # the kind is under the tag too
+    assert not ids.issued(forged)
 
 
 def test_bad_video_batch_keeps_good_videos(client: TestClient) -> None:
