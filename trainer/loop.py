@@ -234,7 +234,10 @@ class OnlineTrainer:
                     self._stop.wait(0.05)
                     continue
                 self.state = "running"
+                dead_before = consumer.dead_lettered
                 records = fetcher.get()
+                if consumer.dead_lettered != dead_before:
+                    self._dirty = True  # the next checkpoint commits past the bad records
                 if records:
                     with tracing.batch_span("trainer.batch", records):
                         self.train_records(records)
@@ -626,7 +629,7 @@ class OnlineTrainer:
         self._last_checkpoint = time.monotonic()
         (self.root / JOURNAL_FILE).unlink(missing_ok=True)
         fetcher = self._fetcher
-        if fetcher is not None and positions:
+        if fetcher is not None:
             try:
                 _commit(fetcher.consumer, positions)
             except (BackendUnavailable, Conflict) as exc:
@@ -737,7 +740,9 @@ class OnlineTrainer:
 
 
 def _commit(consumer: EventConsumer, positions: dict[int, int]) -> None:
+    """Commit ``positions`` of the partitions still owned; the consumer moves each past the
+    bad records it dead-lettered there (with none trained since, too)."""
     owned = set(consumer.assignment())  # a rebalance may have moved some partitions away
     commit = [Position(p, o) for p, o in sorted(positions.items()) if p in owned]
-    if commit:
+    if commit or consumer.dead_lettered:
         consumer.commit(commit)

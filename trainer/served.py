@@ -33,14 +33,17 @@ featurised from the stores (*late*), and should the reader not have moved
 at all meanwhile (the served topic unreachable) later batches do not wait
 again until it does.
 
-Outcomes, counted per event (``status()["served"]`` and the trainer's
-``vidrec_trainer_served_join_total{outcome}``):
+Only ids of logged responses are joined: an id says whether its response
+was logged (:mod:`feature_store.recommendation_ids`: a fallback, which no
+model ranked, has no record), so events naming a fallback are featurised
+from the stores at once, neither waited for nor counted. Outcomes, counted
+per event naming a logged response (``status()["served"]`` and the
+trainer's ``vidrec_trainer_served_join_total{outcome}``):
 
 - ``joined``: trained on the values it was served with;
 - ``missing``: the served log was read past the event's time (plus the
   lookahead) without a record of that id: the service dropped it (its
-  ``vidrec_served_log_records_total{outcome="dropped"|"failed"}``), or the
-  response was a fallback, which no model ranked and nothing logs;
+  ``vidrec_served_log_records_total{outcome="dropped"|"failed"}``);
 - ``late``: the trainer stopped waiting before the reader got that far;
 - ``unknown``: the record exists, but not for this user or without this
   video: a recommendation the service never made to them (a client bug, or
@@ -81,6 +84,7 @@ from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.sources import SOURCES
+from feature_store.recommendation_ids import logged_response
 from feature_store.registry import family_of
 from feature_store.served import ServedRecord
 from feature_store.settings import ServedLogSettings
@@ -359,10 +363,10 @@ class ServedJoin:
         if self._wanted is None:
             self.follow(None, None)
         now = _now_ms()
-        named = [
+        named = [  # a fallback's id says nothing was logged: no record to wait for
             (i, e.recommendation_id)
             for i, e in enumerate(events)
-            if e.recommendation_id is not None
+            if e.recommendation_id is not None and logged_response(e.recommendation_id)
         ]
         with self._cond:
             unread = [

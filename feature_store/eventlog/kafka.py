@@ -550,6 +550,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def on_partitions_revoked(self, revoked: Any) -> None:
         for tp in revoked:
             self.owner._floors.pop(tp.partition, None)
+            self.owner._passed.pop(tp.partition, None)
             self.owner._first_seen.pop(tp.partition, None)
             self.owner._last_commit.pop(tp.partition, None)
 
@@ -580,6 +581,9 @@ class KafkaEventConsumer:
         self._first_seen: dict[int, int] = {}
         """Per partition, offset of the first record polled since assignment or seek."""
         self._last_commit: dict[int, int] = {}
+        self._passed: dict[int, int] = {}
+        """Per partition, the group's committed offset, read when a bad record is met: one
+        below it was dead-lettered when the group first passed it (see :meth:`_behind`)."""
         self.dead_lettered = 0
         with _kafka_errors("join group"):
             self._consumer = KafkaConsumer(
@@ -655,6 +659,11 @@ class KafkaEventConsumer:
                 except BadRecord as bad:
                     if self._dead.holds(tp.partition, record.offset):
                         continue  # this group dead-lettered it already (a rebalance re-read)
+                    if self._behind(tp, record.offset):
+                        # Behind the group's commit: dead-lettered when first passed. Held
+                        # as dead-lettered here too, so a commit moves past it again.
+                        self._dead.add(tp.partition, record.offset)
+                        continue
                     source = source_of(tp.topic, tp.partition, record.offset)
                     letter = DeadLetter(
                         bad.reason, source, record.key, record.value or b"", self.group_id or ""
@@ -665,6 +674,19 @@ class KafkaEventConsumer:
                     event, tp.partition, record.offset, record.timestamp, record.headers or None
                 ))
         return events, dead
+
+    def _behind(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether ``offset`` lies behind the group's committed offset of ``tp`` (a restart's
+        warm-up or a retrain seeking back re-reads what the group passed long ago)."""
+        if self.group_id is None:
+            return False
+        if tp.partition not in self._passed:
+            try:
+                committed = self._consumer.committed(tp, timeout_ms=self._log._timeout_ms)
+            except KafkaError:  # unknown: dead-letter it (an entry twice at worst)
+                return False
+            self._passed[tp.partition] = -1 if committed is None else int(committed)
+        return offset < self._passed[tp.partition]
 
     def _rewind(self, batches: dict[Any, list[Any]]) -> None:
         with _kafka_errors("rewind"):
@@ -697,16 +719,19 @@ class KafkaEventConsumer:
             if positions is None:
                 self._consumer.commit(timeout_ms=self._log._timeout_ms)
                 self._dead = DeadRuns()  # everything polled is committed, bad records too
+                self._passed.clear()  # read again when next needed
                 return
             self._owned([p.partition for p in positions])
             chosen = past_dead_letters(
                 positions, self._dead, self.assignment(), self._last_commit, self._first_seen
             )
-            self._consumer.commit(
-                {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in chosen.items()},
-                timeout_ms=self._log._timeout_ms,
-            )
+            if chosen:
+                self._consumer.commit(
+                    {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in chosen.items()},
+                    timeout_ms=self._log._timeout_ms,
+                )
             self._last_commit.update(chosen)
+            self._passed.update(chosen)
 
     def committed(self) -> list[Position]:
         self._check_open()
@@ -752,6 +777,7 @@ class KafkaEventConsumer:
                 self._consumer.seek(tp, min(max(position.offset, 0), ends[tp]))
                 self._floors.pop(position.partition, None)
                 self._first_seen.pop(position.partition, None)
+                self._last_commit.pop(position.partition, None)
 
     def seek_to_timestamp(self, ts_ms: int) -> None:
         self._check_open()
@@ -775,6 +801,7 @@ class KafkaEventConsumer:
                     self._consumer.seek(tp, hit.offset)
                 self._floors[tp.partition] = ts_ms
                 self._first_seen.pop(tp.partition, None)
+                self._last_commit.pop(tp.partition, None)
 
     def seek_to_beginning(self) -> None:
         self._check_open()
@@ -787,6 +814,7 @@ class KafkaEventConsumer:
         for tp in partitions:
             self._floors.pop(tp.partition, None)
             self._first_seen.pop(tp.partition, None)
+            self._last_commit.pop(tp.partition, None)
 
     def lag(self) -> dict[int, int]:
         self._check_open()

@@ -321,6 +321,32 @@ def test_a_bad_record_is_dead_lettered_once_per_group_naming_it_and_committed_pa
     assert log.dead_letter_count() == 4
 
 
+def test_a_member_reading_behind_its_groups_commit_skips_the_bad_records_there(
+    make_log: MakeLog,
+) -> None:
+    """A restart's warm-up (the experiment feed seeks back by time) or a retrain seeking to
+    its start again re-reads what the group passed: its bad records were dead-lettered
+    then, and are not again; a group that never passed them dead-letters them once."""
+    log = make_log()
+    good = make_event(user_id="victim")
+    log.produce([good])
+    log.produce_raw(b"victim", b"\xffbroken")
+    with log.consumer("feed") as feed:
+        first = drain(feed, 1)
+        assert ids(first) == [good.event_id] and quiet(feed) == []
+        feed.commit([Position(first[0].partition, first[0].offset + 1)])  # and past the bad one
+    assert log.dead_letter_count() == 1
+    with log.consumer("feed") as again:
+        assert again.wait_for_assignment(10)
+        again.seek_to_beginning()
+        assert ids(drain(again, 1)) == [good.event_id] and quiet(again) == []
+        assert again.dead_lettered == 0
+    with log.consumer("another") as other:  # never passed it: its own entry, once
+        assert ids(drain(other, 1)) == [good.event_id] and quiet(other) == []
+        assert other.dead_lettered == 1
+    assert sorted(letter.group for letter in log.dead_letters()) == ["another", "feed"]
+
+
 def test_lag_counts_unconsumed_records(make_log: MakeLog) -> None:
     log = make_log()
     log.produce(events_for(10, 3))

@@ -23,11 +23,15 @@ from feature_store.eventlog.streams import stream_spec
 from feature_store.events import Event, EventContext
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import default_schema
+from feature_store.recommendation_ids import RecommendationIds
 from feature_store.served import ServedItem, ServedRecord
 from feature_store.settings import Settings
 from trainer.served import ServedJoin
 
 EXTRACTOR = FeatureExtractor(default_schema())
+IDS = RecommendationIds.for_key("test")
+R = [IDS.issue(logged=True) for _ in range(6)]
+"""Ids of logged responses, as the service issues them."""
 
 
 def _settings(**served: int) -> Settings:
@@ -65,12 +69,13 @@ def test_a_record_written_after_its_impression_is_waited_for_and_joined(
     served: MemoryEventLog,
 ) -> None:
     join = ServedJoin(served, _settings(join_lookahead_ms=60_000).served_log, EXTRACTOR)
-    served.produce([_record("r0", "ann", ["v1"])])  # the reader is running and caught up
-    join.moments([_shown("r0", "ann", "v1")])
-    late_writer = threading.Timer(0.3, lambda: served.produce([_record("r1", "ann", ["v1", "v2"])]))
+    served.produce([_record(R[0], "ann", ["v1"])])  # the reader is running and caught up
+    join.moments([_shown(R[0], "ann", "v1")])
+    late = _record(R[1], "ann", ["v1", "v2"])
+    late_writer = threading.Timer(0.3, lambda: served.produce([late]))
     late_writer.start()  # the service's queue delays the record past the impression
     try:
-        found, values, scores = join.moments([_shown("r1", "ann", "v2")])
+        found, values, scores = join.moments([_shown(R[1], "ann", "v2")])
     finally:
         late_writer.join()
         join.close()
@@ -80,13 +85,17 @@ def test_a_record_written_after_its_impression_is_waited_for_and_joined(
     assert scores[0] == pytest.approx(0.49)  # the served item's score: the prediction as shown
 
 
-def test_an_id_without_a_record_is_missing_once_the_log_is_read_past_it(
+def test_an_id_without_a_record_is_missing_once_the_log_is_read_past_it_a_fallback_never(
     served: MemoryEventLog,
 ) -> None:
     join = ServedJoin(served, _settings().served_log, EXTRACTOR)
-    served.produce([_record("r0", "bo", ["v1"])])
+    served.produce([_record(R[0], "bo", ["v1"])])
     try:
-        found, _, _ = join.moments([_shown("r0", "bo", "v1"), _shown("dropped", "bo", "v1")])
+        found, _, _ = join.moments([
+            _shown(R[0], "bo", "v1"),
+            _shown(R[5], "bo", "v1"),  # logged, but the service dropped the record
+            _shown(IDS.issue(logged=False), "bo", "v1"),  # a fallback's: nothing to find
+        ])
     finally:
         join.close()
     assert found == [0]
@@ -97,13 +106,13 @@ def test_an_id_without_a_record_is_missing_once_the_log_is_read_past_it(
 
 def test_records_of_another_user_video_or_schema_are_not_trusted(served: MemoryEventLog) -> None:
     join = ServedJoin(served, _settings().served_log, EXTRACTOR)
-    served.produce([_record("r0", "cy", ["v1", "v2"]), _record("old", "cy", ["v1"], "0" * 16)])
+    served.produce([_record(R[0], "cy", ["v1", "v2"]), _record(R[4], "cy", ["v1"], "0" * 16)])
     try:
         found, _, _ = join.moments([
-            _shown("r0", "cy", "v2"),
-            _shown("r0", "dee", "v1"),  # another user's response
-            _shown("r0", "cy", "v9"),  # not in that response
-            _shown("old", "cy", "v1"),  # scored with another schema
+            _shown(R[0], "cy", "v2"),
+            _shown(R[0], "dee", "v1"),  # another user's response
+            _shown(R[0], "cy", "v9"),  # not in that response
+            _shown(R[4], "cy", "v1"),  # scored with another schema
         ])
     finally:
         join.close()
@@ -128,9 +137,9 @@ def test_a_reader_that_cannot_read_gives_up_and_holds_later_batches_no_more(
     monkeypatch.setattr(served, "reader", lambda partitions=None: _Unreadable())
     join = ServedJoin(served, _settings(join_max_wait_ms=2_000).served_log, EXTRACTOR)
     try:
-        first = join.moments([_shown("r0", "ed", "v1")])
+        first = join.moments([_shown(R[0], "ed", "v1")])
         waited = join.waited_s
-        second = join.moments([_shown("r1", "ed", "v1")])
+        second = join.moments([_shown(R[1], "ed", "v1")])
     finally:
         join.close()
     assert first[0] == [] and second[0] == []
@@ -142,12 +151,12 @@ def test_a_reader_that_cannot_read_gives_up_and_holds_later_batches_no_more(
 def test_a_restarted_trainer_reads_back_a_join_window_before_it_resumes(
     served: MemoryEventLog,
 ) -> None:
-    served.produce([_record(f"r{i}", "fay", ["v1"]) for i in range(5)])
+    served.produce([_record(R[i], "fay", ["v1"]) for i in range(5)])
     resumed_at = int(time.time() * 1000)
     join = ServedJoin(served, _settings().served_log, EXTRACTOR)
     join.follow(list(range(served.partition_count())), resumed_at, aligned=True)
     try:
-        found, _, _ = join.moments([_shown(f"r{i}", "fay", "v1") for i in range(5)])
+        found, _, _ = join.moments([_shown(R[i], "fay", "v1") for i in range(5)])
     finally:
         join.close()
     assert found == list(range(5))
