@@ -29,7 +29,9 @@ RUN apt-get update \
 FROM base AS build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# Optional extras of pyproject.toml, e.g. --build-arg EXTRAS=tracing (OpenTelemetry export).
+# ONNX Runtime's build (an extra of pyproject.toml): gpu (CUDA, falls back to the CPU) or cpu.
+ARG ONNXRUNTIME=gpu
+# Other extras of pyproject.toml, e.g. --build-arg EXTRAS=tracing (OpenTelemetry export).
 ARG EXTRAS=
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3-venv python3-dev build-essential \
@@ -43,7 +45,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 RUN mkdir -p app trainer feature_store \
     && touch app/__init__.py trainer/__init__.py feature_store/__init__.py \
-    && pip install --no-cache-dir ".${EXTRAS:+[${EXTRAS}]}" \
+    && pip install --no-cache-dir ".[${ONNXRUNTIME}${EXTRAS:+,${EXTRAS}}]" \
     && pip uninstall -y vidrec
 COPY app ./app
 COPY trainer ./trainer

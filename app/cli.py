@@ -67,6 +67,40 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from feature_store.backfill import backfill
+    from feature_store.runtime import open_resources
+
+    with open_resources(_settings(args)) as resources:
+        report = backfill(
+            resources, Path(args.events), fmt=args.format,
+            videos_path=Path(args.videos) if args.videos else None,
+        )
+    log.info("%s", report.describe())
+    return 0
+
+
+def cmd_export_vectors(args: argparse.Namespace) -> int:
+    from app.vectors_export import export_vectors
+    from feature_store.errors import InvalidInput, NotFound
+    from feature_store.registry import ModelRegistry
+    from feature_store.runtime import open_resources
+
+    settings = _settings(args)
+    registry = ModelRegistry(settings.data_dir / "registry")
+    version = args.version or registry.active()
+    if version is None:
+        raise NotFound("no active model version yet: export one first, or name --version")
+    manifest = registry.manifest(version)
+    if manifest.family != settings.sparse.model_name and settings.sparse.backend == "memory":
+        raise InvalidInput("version", f"{version} is of retrain family {manifest.family!r}, "
+                           "whose embedded tables only the process that trains it holds")
+    with open_resources(settings, model_name=manifest.family) as resources:
+        export_vectors(resources, manifest, Path(args.out),
+                       Path(args.users) if args.users else None)
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from app.wiring import run_eval
 
@@ -112,6 +146,23 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--limit", type=int, default=None, help="at most this many events")
     replay.set_defaults(func=cmd_replay)
 
+    backfill = with_common(sub.add_parser(
+        "backfill", help="historical events from a file into the event log, validated and "
+        "dead-lettered as live ones (docs/offline.md)"))
+    backfill.add_argument("events", help="events file: .csv, .parquet or .jsonl")
+    backfill.add_argument("--videos", default=None,
+                          help="videos file upserted into the catalog first")
+    backfill.add_argument("--format", default="auto", choices=["auto", "csv", "parquet", "jsonl"])
+    backfill.set_defaults(func=cmd_backfill)
+
+    vectors = with_common(sub.add_parser(
+        "export-vectors", help="video vectors and the user tower's inputs as Parquet "
+        "(docs/offline.md)"))
+    vectors.add_argument("out", help="directory for videos.parquet, users.parquet, manifest.json")
+    vectors.add_argument("--users", default=None, help="file of user ids, one per line")
+    vectors.add_argument("--version", default=None, help="a model version (default: the active)")
+    vectors.set_defaults(func=cmd_export_vectors)
+
     from app.evaluation.cli import add_eval_arguments
 
     ev = sub.add_parser("eval", help="quality on a dataset: online model, service, baselines")
@@ -124,11 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _onnxruntime_missing() -> bool:
+    """Whether neither ONNX Runtime build is installed (both are optional extras)."""
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.func in (cmd_up, cmd_serve, cmd_eval, cmd_export_vectors) and _onnxruntime_missing():
+        log.error("ONNX Runtime is not installed: pip install 'vidrec[cpu]' "
+                  "(or 'vidrec[gpu]' where the service scores on a GPU)")
+        return 2
     try:
         return int(args.func(args))
     except VidrecError as exc:

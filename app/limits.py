@@ -9,10 +9,9 @@ error handler gives for :class:`~feature_store.errors.PayloadTooLarge`.
 
 from __future__ import annotations
 
-import json
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.admission import send_error
 from feature_store.errors import PayloadTooLarge
 
 
@@ -59,19 +58,7 @@ class BodySizeLimit:
 
     async def _refuse(self, send: Send) -> None:
         error = PayloadTooLarge(f"body: larger than {self.max_bytes} bytes")
-        payload = json.dumps(error.to_dict()).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": error.http_status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": payload})
+        await send_error(send, error, close=True)
 
 
 def _content_length(scope: Scope) -> int | None:

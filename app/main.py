@@ -32,6 +32,7 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 
 from app import dashboard, docs
+from app.admission import Admission, gates
 from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
@@ -131,13 +132,24 @@ async def vidrec_error_handler(request: Request, exc: Exception) -> JSONResponse
         exc = translated
     assert isinstance(exc, VidrecError)
     if exc.http_status >= 500:
-        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        service = getattr(request.app.state, "service", None)
+        what = f"{request.method} {_route_of(request)} answered {exc.http_status}"
+        if service is not None:  # during an outage every request fails alike: one line
+            service.log_summary.record(what, exc)
+        else:
+            log.warning("%s: %s", what, exc)
     headers = None
     if exc.retry_after_s is not None:
         headers = {"Retry-After": str(exc.retry_after_s)}
     elif exc.http_status == 503:  # a backend is down: clients back off rather than hammer it
         headers = {"Retry-After": "1"}
     return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=headers)
+
+
+def _route_of(request: Request) -> str:
+    """The template of the route that answered (no ids), else the bare path."""
+    route = getattr(request.scope.get("route"), "path", None)
+    return route if isinstance(route, str) else request.url.path
 
 
 def _telemetry() -> TelemetryConfig:
@@ -212,5 +224,10 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodySizeLimit, max_bytes=settings.api.max_body_bytes)
+    # Before the body is read: a refusal costs no more than the request line and headers.
+    app.add_middleware(
+        Admission, gates=gates(settings.api), metrics=metrics,
+        retry_after_s=settings.api.shed_retry_after_s,
+    )
     app.add_middleware(RequestTimer, metrics=metrics)  # outermost: times the whole request
     return app

@@ -83,6 +83,24 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.unknown_recommendation_ids = Counter(
+            "vidrec_unknown_recommendation_ids",
+            "Events naming a recommendation_id this service never issued (kept without it)",
+            registry=r,
+        )
+        self.shed = Counter(
+            "vidrec_shed",
+            "Requests shed by route and reason (limit: refused at admission, 503; deadline: "
+            "past their deadline, a recommend answered degraded, an event post 503)",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "vidrec_in_flight",
+            "Requests of a gated route in flight (admitted, not answered yet)",
+            ["route"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "vidrec_model_info",
             "1 for the model version being served and its provider",
@@ -141,6 +159,8 @@ class Metrics:
 
 UNMATCHED = "unmatched"
 """Route label of every request that matched no route (404s for unknown paths)."""
+ROUTE_HINT = "vidrec.route"
+"""Scope key: the route of a request answered before routing (a refusal at admission)."""
 
 
 class RequestTimer:
@@ -164,6 +184,6 @@ class RequestTimer:
         try:
             await self.app(scope, receive, send)
         finally:
-            route = getattr(scope.get("route"), "path", None)
+            route = getattr(scope.get("route"), "path", None) or scope.get(ROUTE_HINT)
             label = route if isinstance(route, str) else UNMATCHED
             self.histogram.labels(label).observe(time.perf_counter() - started)

@@ -56,9 +56,11 @@ ERROR_DESCRIPTIONS = {
     "could not be read: malformed JSON, not UTF-8, not a JSON object).",
     429: "Too many requests of this kind are waiting (pending admin actions); retry after "
     "`Retry-After` seconds.",
-    503: "A backend (Redis, Kafka) is unreachable or did not answer in time, or the service "
-    "is starting or stopping; nothing was acknowledged: retry after `Retry-After` seconds "
-    "(resending events with the same `event_id`s is safe: each is trained once).",
+    503: "A backend (Redis, Kafka) is unreachable or did not answer in time, the service "
+    "is starting or stopping, or it is overloaded (`Overloaded`: as many of these requests "
+    "in flight as it serves at once, or the request's deadline passed); nothing was "
+    "acknowledged: retry after `Retry-After` seconds (resending events with the same "
+    "`event_id`s is safe: each is trained once).",
 }
 
 

@@ -22,6 +22,9 @@ Fallbacks (``fallback: true`` in the response, counted by reason):
 - ``no_model``: no version loaded yet; candidates keep their source order;
 - ``error``: an unexpected exception (a bug) while answering: logged with its
   traceback, answered like ``degraded``;
+- ``deadline``: not scored by the request's deadline (``api.recommend_deadline_ms``:
+  the process is overloaded, or a backend is slow); answered like ``degraded``
+  (:mod:`app.admission`);
 - ``degraded``: a backend (Redis, the sparse tables) failed mid-request; the
   answer comes from an in-process popular list refreshed every few seconds
   while the backends were up (:class:`PopularList`), never a 500. Nothing
@@ -32,8 +35,8 @@ Fallbacks (``fallback: true`` in the response, counted by reason):
 from __future__ import annotations
 
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -57,6 +60,8 @@ from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
 from feature_store.features.batch import BatchFeatures, Indices
+from feature_store.log_summary import LogSummary
+from feature_store.recommendation_ids import RecommendationIds
 from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.settings import ApiSettings
 from feature_store.worker import periodic
@@ -122,6 +127,8 @@ class Recommender:
         arms: ArmModels | None = None,
         pool_observer: PoolObserver | None = None,
         rerank: Reranker | None = None,
+        ids: RecommendationIds | None = None,
+        log_summary: LogSummary | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -143,6 +150,10 @@ class Recommender:
         self.rerank = rerank
         """Exclusions, cold start, demotion and diversity before the top-K (None: plain
         top-K by the ranking)."""
+        self.ids = ids or RecommendationIds(secrets.token_bytes(32))
+        """Issues each response's ``recommendation_id`` (default: ids of this process only)."""
+        self.log_summary = log_summary or LogSummary(log)
+        """Where degraded answers are logged: one line per interval, with counts."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""
@@ -172,7 +183,7 @@ class Recommender:
         try:
             response = self._recommend(request, count, model, assigned)
         except BACKEND_ERRORS as exc:
-            log.warning("recommend degraded: %s", exc)
+            self.log_summary.record("recommend degraded (a backend is down)", exc)
             response = self._degraded(request, count, model)
         except Exception:  # a bug must cost quality, not the caller's page
             log.exception("recommend failed; answering from the popular list")
@@ -180,6 +191,14 @@ class Recommender:
         if response.fallback_reason is not None:
             self.metrics.fallbacks.labels(response.fallback_reason).inc()
         self.metrics.observe_stage("total", time.perf_counter() - started)
+        return response
+
+    def past_deadline(self, request: RecommendRequest) -> RecommendResponse:
+        """The answer to a request not scored by its deadline: popular videos from memory
+        (``fallback_reason: "deadline"``), made on the caller's thread in microseconds."""
+        count = self.validate(request)
+        response = self._degraded(request, count, self.holder.current, reason="deadline")
+        self.metrics.fallbacks.labels("deadline").inc()
         return response
 
     def _recommend(
@@ -213,9 +232,11 @@ class Recommender:
         explained = None
         if request.explain and features is not None:
             explained = self._explain(found, ranked, scores, model, features, fusion)
+        logged = self.served_log is not None and features is not None
         response = self._respond(found, ranked.scores, order, model.version, reason, assigned,
-                                 explained)
-        if self.served_log is not None and features is not None:
+                                 explained, logged)
+        if logged:
+            assert self.served_log is not None and features is not None
             self.served_log.record(Served(  # the model's own scores: its prequential AUC
                 response.recommendation_id, request.user_id, now_ms, model.version,
                 request.context, found.ids, found.sources, scores, order, features,
@@ -340,9 +361,11 @@ class Recommender:
         reason: str | None,
         arm: Assignment | None = None,
         explained: tuple[list[dict[str, Any]], dict[str, Any]] | None = None,
+        logged: bool = False,
     ) -> RecommendResponse:
         """The response of the rows ``order`` (best first), each with its ``scores`` value
-        (and, explained, each item's explanation and the response's)."""
+        (and, explained, each item's explanation and the response's). ``logged``: its
+        record goes to the served log (its id says so)."""
         ids, sources = found.ids, found.sources
         items = [
             {"video_id": ids[i], "score": score, "source": sources[i]}
@@ -354,7 +377,7 @@ class Recommender:
         # Plain dicts validated in one pydantic-core call: 3x cheaper than 20 model objects.
         return RecommendResponse.model_validate(
             {
-                "recommendation_id": uuid.uuid4().hex,
+                "recommendation_id": self.ids.issue(logged),
                 "model_version": version,
                 "items": items,
                 "fallback": reason is not None,
@@ -385,7 +408,7 @@ class Recommender:
                 if _passes(c, request)
             ][:count]
         return RecommendResponse(
-            recommendation_id=uuid.uuid4().hex,
+            recommendation_id=self.ids.issue(logged=False),
             model_version=model.version if model else None,
             items=items,
             fallback=True,

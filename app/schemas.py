@@ -216,6 +216,9 @@ class BatchResult(_Response):
     accepted: int
     rejected: int
     errors: list[ItemError]
+    warnings: list[ItemError] = []
+    """Accepted items kept with a change, and why (events: a ``recommendation_id`` the
+    service never issued, dropped so the event is not attributed to a response)."""
 
 
 class VideoBatch(_Request):
@@ -249,6 +252,16 @@ class BatchRejected(ErrorBody):
     accepted: int = 0
     rejected: int = 0
     errors: list[ItemError] = []
+
+
+class Liveness(_Response):
+    """Answer of ``GET /healthz``: 200 ``ok``; 503 ``stuck`` once one scoring has run
+    ``api.liveness_stuck_s`` (a restart is the way out)."""
+
+    status: str
+    """``ok`` or ``stuck``."""
+    scoring_busy_s: float | None = None
+    """With ``stuck``: seconds the current scoring has run."""
 
 
 class Readiness(_Response):

@@ -18,6 +18,7 @@ trainer gracefully and closes every client.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 
 import uvicorn
@@ -29,7 +30,10 @@ from feature_store.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def _serve(app: object, host: str, port: int) -> int:
+def _serve(app: object, host: str, port: int, switch_interval_ms: float) -> int:
+    # The loop hands scoring to a thread and waits for the GIL at each wake-up: a shorter
+    # switch interval keeps it, liveness and refusals responsive (api.switch_interval_ms).
+    sys.setswitchinterval(switch_interval_ms / 1000)
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host=host,
@@ -61,10 +65,11 @@ def run_embedded(
         ", demo traffic on" if demo else "",
     )
     with tracing.configured(settings.tracing, "embedded"):
-        return _serve(create_app(settings, extensions=list(extensions)), host, port)
+        app = create_app(settings, extensions=list(extensions))
+        return _serve(app, host, port, settings.api.switch_interval_ms)
 
 
 def run_service(settings: Settings, host: str, port: int) -> int:
     """The HTTP service alone."""
     with tracing.configured(settings.tracing, "api"):
-        return _serve(create_app(settings), host, port)
+        return _serve(create_app(settings), host, port, settings.api.switch_interval_ms)

@@ -16,6 +16,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from app.admission import ScoringThread
 from app.cache import CachedReads
 from app.candidates.retrieval import Retriever
 from app.experiments.arms import ArmModels
@@ -35,6 +36,8 @@ from feature_store.breaker import Breaker, redis_breaker
 from feature_store.events import EventValidator
 from feature_store.experiments import ExperimentSpec, ExperimentStore
 from feature_store.features.values import layout_of
+from feature_store.log_summary import LogSummary
+from feature_store.recommendation_ids import RecommendationIds
 from feature_store.runtime import Resources, families
 from feature_store.signals import CandidateSignals, attach_signals
 from feature_store.signals.feedback import attach_feedback
@@ -100,6 +103,10 @@ class Service:
     popular: PopularList
     recommender: Recommender
     validator: EventValidator
+    log_summary: LogSummary
+    """Per-request warnings (degraded answers, 5xx, refusals) as one line per interval."""
+    scoring: ScoringThread
+    """The thread recommends are scored on, off the event loop (:mod:`app.admission`)."""
     feed: SignalFeed | None = None
     """The signal feed, when this process runs it (``api.signal_feed``)."""
     experiments: ExperimentStore | None = None
@@ -212,6 +219,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         if resources.served_log is not None
         else None
     )
+    summary = LogSummary(logging.getLogger("app.degraded"))
     recommender = Recommender(
         resources.activity,
         retriever,
@@ -224,6 +232,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         served_log=served_log,
         arms=arms,
         rerank=Reranker(settings.rerank, feedback),
+        ids=RecommendationIds.for_key(api.admin_key.get_secret_value()),
+        log_summary=summary,
     )
     service = Service(
         resources=resources,
@@ -236,6 +246,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         popular=popular,
         recommender=recommender,
         validator=EventValidator(settings.limits),
+        log_summary=summary,
+        scoring=ScoringThread(),
         experiments=experiments,
         arms=arms,
         experiment_checkpoints=open_checkpoints(resources),
@@ -243,6 +255,8 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
     for name, breaker in service.dependencies().items():
         metrics.dependency_up.labels(name).set_function(_up_of(breaker))
     with ExitStack() as stack:
+        stack.callback(summary.close)
+        stack.callback(service.scoring.close)
         if served_log is not None:
             stack.enter_context(served_log)
         holder.start()

@@ -65,6 +65,9 @@ TRAINER_PROGRESS = f"{REDIS_ROOT}:trainer:progress:"
 TRAINER_DENSE = f"{REDIS_ROOT}:trainer:dense:"
 """Hash of member -> its latest dense parameters (scale-out averaging):
 ``{TRAINER_DENSE}{group_id}``; see ``trainer/distributed.py``."""
+TRAINER_EXPORTER = f"{REDIS_ROOT}:trainer:exporter:"
+"""The member of a group that exports and activates versions (a lease with a TTL):
+``{TRAINER_EXPORTER}{group_id}``; see ``trainer/distributed.py``."""
 
 CONTROL_COMMANDS = f"{REDIS_ROOT}:control:cmd"
 """Capped stream of operator commands to trainers (``feature_store.control``)."""

@@ -9,6 +9,7 @@
     ├── Conflict (409)               a state change that cannot apply now
     ├── TooManyRequests (429)        a bounded queue is full; retry later
     ├── ConfigurationError (500)     settings that cannot work
+    ├── Overloaded (503)             shed: at a concurrency limit or past a deadline
     └── BackendUnavailable (503)     Redis or Kafka unreachable or failing
         ├── SparseTableUnavailable   the sparse table's backend failed
         ├── EventLogUnavailable      the event log's backend failed
@@ -91,6 +92,13 @@ class ConfigurationError(VidrecError):
     """Settings that cannot work; raised at start, never mid-request."""
 
     http_status = 500
+
+
+class Overloaded(VidrecError):
+    """Shed by the API: a concurrency limit was reached, or the request's deadline passed
+    before it could be served; nothing was done, retry after ``retry_after_s``."""
+
+    http_status = 503
 
 
 class BackendUnavailable(VidrecError):

@@ -1,4 +1,5 @@
-"""Files of events and of videos: what ``vidrec replay`` and ``vidrec eval`` read besides MovieLens.
+"""Files of events and of videos: what ``vidrec replay``, ``vidrec backfill`` and ``vidrec eval``
+read besides MovieLens.
 
 **Events** (CSV with a header, Parquet, or JSON lines of the event objects
 ``POST /v1/events`` takes): one row per event, columns named
@@ -123,7 +124,7 @@ def _rows(path: Path, fmt: str) -> tuple[list[str], Iterable[tuple[int, Mapping[
             import pyarrow.parquet as pq
         except ImportError as exc:
             raise InvalidInput(
-                "format", 'reading Parquet needs pyarrow: pip install -e ".[eval]"'
+                "format", "reading Parquet needs pyarrow: pip install 'vidrec[parquet]'"
             ) from exc
         table = pq.read_table(path)
         return list(table.column_names), enumerate(table.to_pylist(), start=1)
@@ -160,8 +161,9 @@ def _present(value: Any) -> bool:
     return value is not None and value != ""
 
 
-def event_from_row(row: Mapping[str, Any]) -> Event:
-    """One row as an event (structure and types only); raises :class:`InvalidInput`."""
+def row_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row as the JSON object ``POST /v1/events`` takes: empty cells left out, the
+    context columns gathered under ``context``."""
     data: dict[str, Any] = {}
     context: dict[str, Any] = {}
     for key, value in row.items():
@@ -169,24 +171,41 @@ def event_from_row(row: Mapping[str, Any]) -> Event:
             (context if key in _CONTEXT_COLUMNS else data)[key] = value
     if context:
         data["context"] = context
+    return data
+
+
+def event_from_row(row: Mapping[str, Any]) -> Event:
+    """One row as an event (structure and types only); raises :class:`InvalidInput`."""
     try:
-        return Event.model_validate(data)
+        return Event.model_validate(row_fields(row))
     except PydanticValidationError as exc:
         raise translate_pydantic_error(exc) from exc
 
 
-def read_events(
-    path: Path, limits: EventLimits, fmt: str = "auto", now_ms: int | None = None
-) -> EventsFile:
-    """The valid events of an events file, shifted when older than ``limits.min_ts_ms``."""
+@dataclass(frozen=True)
+class UnreadableRow:
+    """A row that is no event at all (a field missing, a wrong type or kind)."""
+
+    where: str
+    """``<file>:<line>``."""
+    fields: dict[str, Any]
+    """The row as read (:func:`row_fields`)."""
+    error: InvalidInput
+
+
+def parse_event_rows(
+    path: Path, fmt: str = "auto"
+) -> tuple[list[tuple[str, Event]], list[UnreadableRow]]:
+    """Every row of an events file: ``(where, event)`` for those with an event's
+    structure (the limits not checked yet), and the unreadable ones, in file order."""
     path = Path(path)
     fmt = file_format(path) if fmt == "auto" else fmt
     columns, rows = _rows(path, fmt)
     if fmt != "jsonl":
         _check_columns(path, columns, EVENT_COLUMNS, (*_OPTIONAL_EVENT_COLUMNS,
                                                       *_CONTEXT_COLUMNS))
-    rejected = Rejected()
     parsed: list[tuple[str, Event]] = []
+    unreadable: list[UnreadableRow] = []
     for line, row in rows:
         where = f"{path.name}:{line}"
         try:
@@ -194,7 +213,20 @@ def read_events(
                 raise InvalidInput("line", str(row["__error__"]))
             parsed.append((where, event_from_row(row)))
         except InvalidInput as exc:
-            rejected.add(where, exc)
+            fields = {} if "__error__" in row else row_fields(row)
+            unreadable.append(UnreadableRow(where, fields, exc))
+    return parsed, unreadable
+
+
+def read_events(
+    path: Path, limits: EventLimits, fmt: str = "auto", now_ms: int | None = None
+) -> EventsFile:
+    """The valid events of an events file, shifted when older than ``limits.min_ts_ms``."""
+    path = Path(path)
+    parsed, unreadable = parse_event_rows(path, fmt)
+    rejected = Rejected()
+    for row in unreadable:
+        rejected.add(row.where, row.error)
     now = int(time.time() * 1000) if now_ms is None else now_ms
     shift = 0
     if parsed:

@@ -11,8 +11,6 @@ their own section here so that the whole configuration stays one document.
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -25,6 +23,7 @@ from feature_store.experiments import (
     Head,
     RankingWeights,
 )
+from feature_store.keys import HOW_TO, MIN_LENGTH, key_weakness
 
 
 def _heads(**weights: float) -> dict[Head, float]:
@@ -151,6 +150,15 @@ class ServedLogSettings(_Section):
     """How long (log time) the trainer keeps a served record for its impressions to join."""
     join_max_records: int = Field(200_000, ge=1)
     """Served records the trainer holds at most (oldest forgotten first)."""
+    join_lookahead_ms: int = Field(5_000, ge=0, le=600_000)
+    """How far past an event's log time the trainer reads the served log before counting
+    its record missing: the service's write delay (its queue) plus clock skew between the
+    hosts. In real time a missing record holds its batch this long (``trainer/served.py``)."""
+    join_max_wait_ms: int = Field(10_000, ge=0, le=120_000)
+    """The longest a training batch waits for the served log to be read far enough (past
+    the lookahead): past it, the events it names are featurised from the stores (counted
+    ``late``). Keep it well under ``kafka.max_poll_interval_ms``: a trainer waiting longer
+    is put out of its consumer group."""
 
 
 class EventLimits(_Section):
@@ -314,6 +322,38 @@ class ApiSettings(_Section):
     (``Arm.fusion``). A model from before heads is scored by engagement alone.
     JSON in the environment: ``VIDREC_API__RANKING_WEIGHTS='{"engagement": 1, "negative":
     -1}'``."""
+    # --- overload: what a process admits, and how long an answer may take
+    # (app/admission.py; docs/deploy.md, *Overload*) ---
+    max_concurrent_recommends: int = Field(8, ge=1, le=10_000)
+    """Recommends in flight at once in one process (scoring, or waiting for the scoring
+    thread); one more is refused at once with 503 ``Overloaded`` and ``Retry-After``. The
+    one scoring thread serves them in turn, so the last admitted waits about this many
+    scorings (a few ms each on 2 cores): keep it well under the deadline's worth."""
+    recommend_deadline_ms: int = Field(250, ge=10, le=60_000)
+    """Longest a recommend takes from admission to answer, ms. One not scored by then is
+    answered from the popular list (``degraded``, ``fallback_reason: "deadline"``); if its
+    scoring had not started, it never starts."""
+    max_concurrent_ingests: int = Field(8, ge=1, le=32)
+    """``POST /v1/events`` in flight at once in one process; one more is refused at once
+    with 503 ``Overloaded`` and ``Retry-After``. Each holds a thread of the web server's
+    pool (40) while the broker acknowledges; the rest is left to the other routes."""
+    ingest_deadline_ms: int = Field(1000, ge=100, le=60_000)
+    """Longest an event post takes from admission to answer, ms: validation, then the
+    broker's acknowledgement (at most ``kafka.produce_timeout_ms`` of it). Past it the
+    answer is 503 with ``Retry-After``: resend the batch, with the same ``event_id``s."""
+    shed_retry_after_s: int = Field(1, ge=1, le=3600)
+    """``Retry-After`` of a request refused or past its deadline, s."""
+    switch_interval_ms: float = Field(1.0, gt=0, le=100)
+    """How often, ms, Python makes a thread holding the GIL hand it over, in ``vidrec
+    serve`` and ``vidrec up`` (``sys.setswitchinterval``; Python's default is 5). The event
+    loop waits up to this long for the scoring thread at each wake-up: at 3x the
+    sustainable rate, 1 ms answered 0.80-0.82x the sustainable rate normally against
+    0.67-0.68x at 5 ms (two alternated runs of ``bench/bench_overload.py``, 20 s each,
+    docs/benchmarks.md)."""
+    liveness_stuck_s: float = Field(60.0, ge=1, le=3600)
+    """``/healthz`` answers 503 once one scoring has run this long, s: the scoring thread
+    is stuck and only a restart frees it. Far above a scoring (ms) and any backend
+    timeout (``redis.socket_timeout_s``), so a busy or degraded process stays alive."""
     min_head_samples: int = Field(1000, ge=0)
     """Training samples (as the version's manifest counts them) a head needs before the
     fusion uses it; fewer and its weight is ignored. An untrained head's output varies
@@ -664,8 +704,10 @@ class TrainerSettings(_Section):
     (``0.0.0.0`` in a container whose metrics are scraped from outside)."""
     # --- scale-out: several trainers in one group (trainer/distributed.py) ---
     group_sync: bool = False
-    """Share per-partition progress and average the dense network with the other
-    trainers of ``group_id`` through Redis; needs ``sparse.backend=redis``."""
+    """Average the dense networks (ranker and towers) with the other trainers of
+    ``group_id`` through Redis; needs ``sparse.backend=redis``. The group's progress and
+    exporter lease need no setting: every trainer on the Redis tables keeps them
+    (``trainer/distributed.py``)."""
     dense_sync_every_s: float = Field(5.0, gt=0)
     """Seconds between dense averaging rounds (with ``group_sync``); also the
     staleness bound of a peer's parameters when averaged."""
@@ -719,27 +761,17 @@ class Settings(BaseSettings):
             )
         if self.environment == "production":
             check_production_keys(self)
+        if self.api.liveness_stuck_s <= 2 * self.redis.socket_timeout_s:
+            raise ConfigurationError(
+                "api.liveness_stuck_s: must exceed twice redis.socket_timeout_s, or a "
+                "scoring waiting on a slow Redis would get the process restarted"
+            )
         return self
 
 
-MIN_KEY_BITS = 64
-"""Least estimated entropy of a production key (``openssl rand -hex 32`` has ~120)."""
-
-
-def key_bits(key: str) -> float:
-    """Estimated entropy of ``key`` in bits: its length times the Shannon entropy of
-    its characters' frequencies. Repeats and short alphabets score low (16 spaces: 0;
-    ``abab...`` of 16: 16), random keys about ``length x log2(alphabet)``."""
-    if not key:
-        return 0.0
-    counts = Counter(key)
-    n = len(key)
-    per_char = -sum(c / n * math.log2(c / n) for c in counts.values())
-    return per_char * n
-
-
 def check_production_keys(settings: Settings) -> None:
-    """Refuse short, guessable, default or shared keys (each role needs its own key)."""
+    """Refuse guessable, default or shared keys (each role needs its own key); what
+    guessable means is :mod:`feature_store.keys`."""
     keys = {
         "api.api_key": settings.api.api_key,
         "api.admin_key": settings.api.admin_key,
@@ -751,19 +783,17 @@ def check_production_keys(settings: Settings) -> None:
         if secret is None:
             continue
         key = secret.get_secret_value()
-        if len(key) < 16 or key == DEVELOPMENT_API_KEY:
+        weakness = (
+            "the development default" if key == DEVELOPMENT_API_KEY else key_weakness(key)
+        )
+        if weakness is not None:
             raise ConfigurationError(
-                f"{name}: production needs a secret of at least 16 characters, "
-                "not the development default"
-            )
-        if key_bits(key) < MIN_KEY_BITS:
-            raise ConfigurationError(
-                f"{name}: too little entropy (about {key_bits(key):.0f} bits, at least "
-                f"{MIN_KEY_BITS}); use a random key, e.g. `openssl rand -hex 32`"
+                f"{name}: production refuses this key, {weakness}; use a random key of at "
+                f"least {MIN_LENGTH} characters: {HOW_TO}"
             )
         if key in seen:
             raise ConfigurationError(
-                f"{name}: the same key as {seen[key]}; each role needs its own key"
+                f"{name}: the same key as {seen[key]}; each role needs its own key ({HOW_TO})"
             )
         seen[key] = name
 

@@ -133,8 +133,18 @@ class ControlListener:
                 continue
             for cursor, command in batch:
                 self._cursor = cursor
-                if self._mine(command):
+                if self._mine(command) and not self._exported_by_another(command):
                     self.handle(command)
+
+    def _exported_by_another(self, command: Command) -> bool:
+        """An export of the live trainer is the group's exporter's to answer
+        (``trainer/distributed.py``); the other members stay silent."""
+        if command.action != "export" or command.target != self.target:
+            return False
+        try:
+            return self.trainer.status().get("exporter") is False
+        except Exception:  # a status that fails to read: answer (and fail) rather than hide
+            return False
 
     def _mine(self, command: Command) -> bool:
         if command.target == self.target:

@@ -1,10 +1,13 @@
-"""Several trainers in one consumer group: shared progress and dense averaging, over Redis.
+"""Several trainers in one consumer group: shared progress, one exporter, dense averaging.
 
 Scale-out splits the events topic's partitions among the trainers of one
 consumer group (Kafka does the split and moves a partition when its
 trainer dies or a new one joins). Everything sparse is already shared: the
 tables live in Redis (or Redis Cluster) and every push is durable at once.
-Two things are not, and this module adds them (``trainer.group_sync``):
+Three things are not, and this module adds them. The first two are on for
+every trainer with Redis sparse tables, alone or not, so that adding a
+second trainer to a running one is safe whatever it was started with; the
+third is ``trainer.group_sync``:
 
 **Progress** (``TRAINER_PROGRESS{group}``, a hash partition -> next offset).
 Kafka moves a partition from the offset its last owner *committed*, and a
@@ -21,9 +24,23 @@ be trained again by the next owner (one batch, milliseconds). The hash
 outlives the group's committed offsets: reset it (``DEL``) together with
 them when replaying a group on purpose.
 
-**Dense parameters** (``TRAINER_DENSE{group}``, a hash member -> parameters).
-The deep network is small (tens of thousands of floats) and each trainer
-trains its own copy on its own partitions. Every ``dense_sync_every_s``
+A trainer also drops the records of partitions taken from it while it
+gathered a batch (a rebalance inside one of its polls): their new owner
+reads them from the last commit, and the progress says what was trained.
+
+**One exporter** (``TRAINER_EXPORTER{group}``, a lease: the member's name
+with a TTL of ``trainer.heartbeat_ttl_s``, renewed every third of it).
+Only the member holding it exports (on its timer, and for the dashboard's
+*Export now*: the others do not answer that command) and activates, so the
+versions served come from one trainer and the active one never alternates
+between trainers' networks. A graceful stop releases it; after a SIGKILL
+it expires and the next member to ask takes it.
+
+**Dense parameters** (``TRAINER_DENSE{group}``, a hash member -> parameters;
+``trainer.group_sync``). The deep networks are small (tens of thousands of
+floats: the ranker, and the two towers of retrieval, averaged together as
+one list of tensors) and each trainer trains its own copy on its own
+partitions. Every ``dense_sync_every_s``
 seconds a trainer writes its parameters (float32, with the time and its
 sample count) under its member name and replaces its own by the plain mean
 of its own and every peer's latest copy younger than ``3 ×
@@ -71,7 +88,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from feature_store.constants import TRAINER_DENSE, TRAINER_PROGRESS
+from feature_store.constants import TRAINER_DENSE, TRAINER_EXPORTER, TRAINER_PROGRESS
 from feature_store.errors import ConfigurationError, StoreUnavailable
 from feature_store.eventlog.base import ConsumedEvent
 from feature_store.redis_errors import REDIS_FAILURES, redis_errors
@@ -88,6 +105,22 @@ for i = 1, #ARGV, 2 do
 end
 """
 """KEYS[1]: the group's progress hash; ARGV: partition, next offset pairs (only raised)."""
+
+_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if not holder or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+"""KEYS[1]: the exporter lease; ARGV: this member, TTL in ms. Take it if free, else renew it
+if ours; 1 when this member holds it."""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 _HEADER = struct.Struct("<qqq")
 """Published time (ms), samples trained by that member, float count; then the floats."""
@@ -119,11 +152,22 @@ class GroupSync:
         member: str | None = None,
         clock: Callable[[], float] = time.time,
         gloo_address: str | None = None,
+        averaging: bool = True,
+        lease_ttl_s: float = 15.0,
     ) -> None:
         self.client = client
         self.progress_key = TRAINER_PROGRESS + group_id
         self.dense_key = TRAINER_DENSE + group_id
+        self.lease_key = TRAINER_EXPORTER + group_id
         self.member = member or f"{socket.gethostname()}-{os.getpid()}"
+        self.averaging = averaging
+        """Whether dense parameters are averaged (``trainer.group_sync``)."""
+        self.lease_ttl_s = lease_ttl_s
+        self._lease_until = 0.0
+        """Clock time until which this member knows it holds the lease (renewed before)."""
+        self._lease_checked = float("-inf")
+        self.exporter = False
+        """Whether this member held the exporter lease when it last asked."""
         self.every_s = every_s
         self.stale_s = STALE_PERIODS * every_s
         self._clock = clock
@@ -168,9 +212,36 @@ class GroupSync:
         with _errors("progress write"):
             self.client.eval(_ADVANCE, 1, self.progress_key, *args)
 
+    # --- the exporter lease ---------------------------------------------------------
+
+    def leads(self) -> bool:
+        """Whether this member is the group's exporter: takes the lease if free, renews it
+        if held (one Redis call every third of the TTL, none in between)."""
+        now = self._clock()
+        if now - self._lease_checked < self.lease_ttl_s / 3:
+            return self.exporter and now < self._lease_until
+        with _errors("exporter lease"):
+            held = self.client.eval(
+                _LEASE, 1, self.lease_key, self.member, int(self.lease_ttl_s * 1000)
+            )
+        self._lease_checked = now
+        self.exporter = bool(held)
+        self._lease_until = now + self.lease_ttl_s if held else 0.0
+        return self.exporter
+
+    def release(self) -> None:
+        """Give the lease up (a graceful stop: another member exports at its next ask)."""
+        self.exporter = False
+        try:
+            self.client.eval(_RELEASE, 1, self.lease_key, self.member)
+        except REDIS_FAILURES as exc:
+            log.warning("exporter lease not released (it expires by itself): %s", exc)
+
     # --- dense averaging --------------------------------------------------------
 
     def due(self) -> bool:
+        if not self.averaging:
+            return False
         if self.gloo is not None:
             return self.gloo.due()
         return self._clock() - self._last_sync >= self.every_s
@@ -219,7 +290,10 @@ class GroupSync:
         return len(peers)
 
     def leave(self) -> None:
-        """Remove this member's parameters (a graceful stop; a dead one just goes stale)."""
+        """Remove this member's parameters and lease (a graceful stop; a dead one's go stale
+        and expire)."""
+        if self.exporter:
+            self.release()
         if self.gloo is not None:
             self.gloo.leave()
         try:
@@ -230,7 +304,8 @@ class GroupSync:
     def status(self) -> dict[str, Any]:
         return {
             "member": self.member,
-            "dense_sync": "redis" if self.gloo is None else "gloo",
+            "exporter": self.exporter,
+            "dense_sync": ("redis" if self.gloo is None else "gloo") if self.averaging else None,
             "dense_syncs": self.syncs,
             "dense_peers": self.last_peers,
             "skipped_as_trained_by_peer": self.skipped,
@@ -252,24 +327,31 @@ def _errors(operation: str) -> AbstractContextManager[None]:
 
 
 def open_group_sync(resources: Resources) -> GroupSync | None:
-    """The group sync ``trainer.group_sync`` asks for, or None.
+    """The group's progress, exporter lease and (``trainer.group_sync``) dense averaging, for
+    a trainer with Redis sparse tables; None with in-process tables.
 
-    Needs durable sparse tables (Redis): with in-process tables a crash rolls
-    the state back, and a shared progress would then skip events the
-    restored state never saw.
+    In-process tables are one trainer's alone, and a crash rolls them back to
+    the checkpoint: a shared progress would then skip events the restored
+    state never saw. So ``trainer.group_sync`` needs the Redis tables.
     """
     cfg = resources.settings.trainer
-    if not cfg.group_sync:
-        return None
-    if resources.settings.sparse.backend != "redis" or resources.redis_client is None:
+    redis_tables = resources.settings.sparse.backend == "redis"
+    if cfg.group_sync and (not redis_tables or resources.redis_client is None):
         raise ConfigurationError(
             "trainer.group_sync: several trainers need the Redis sparse tables (sparse.backend)"
         )
+    if not redis_tables or resources.redis_client is None:
+        return None
     address = None
-    if cfg.dense_sync == "gloo":
+    if cfg.group_sync and cfg.dense_sync == "gloo":
         address = cfg.dense_sync_address or socket.gethostbyname(socket.gethostname())
     return GroupSync(
-        resources.redis_client, cfg.group_id, every_s=cfg.dense_sync_every_s, gloo_address=address
+        resources.redis_client,
+        cfg.group_id,
+        every_s=cfg.dense_sync_every_s,
+        gloo_address=address,
+        averaging=cfg.group_sync,
+        lease_ttl_s=cfg.heartbeat_ttl_s,
     )
 
 

@@ -42,9 +42,19 @@ class Fetcher:
         self.error: str | None = None
 
     def get(self) -> list[ConsumedEvent]:
-        """The next batch, or :data:`IDLE` if ``max_wait_s`` passed with nothing to read."""
+        """The next batch, or :data:`IDLE` if ``max_wait_s`` passed with nothing to read.
+
+        Records of a partition taken from this consumer while the batch was gathered (a
+        rebalance inside one of its polls) are left out: the partition's new owner reads
+        them from the last commit, and must be the only one to train them.
+        """
         self._refresh_lag()
-        return self._fetch() or IDLE
+        records = self._fetch()
+        if records:
+            owned = set(self.consumer.assignment())
+            if any(r.partition not in owned for r in records):
+                records = [r for r in records if r.partition in owned]
+        return records or IDLE
 
     def _refresh_lag(self) -> None:
         now = time.monotonic()

@@ -55,7 +55,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from feature_store import tracing
-from feature_store.errors import BackendUnavailable
+from feature_store.errors import BackendUnavailable, Conflict
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event, EventType
 from feature_store.features.values import FeatureValues
@@ -109,7 +109,9 @@ class OnlineTrainer:
         torch.manual_seed(cfg.seed)
         self.model = WideDeep(self.schema, cfg.hidden)
         self.durable_sparse = settings.sparse.backend != "memory"
-        self.group = open_group_sync(resources)  # scale-out (trainer/distributed.py); or None
+        self.group = open_group_sync(resources)
+        """The group's progress, exporter lease and dense averaging (trainer/distributed.py);
+        None with in-process sparse tables (one trainer, always its own exporter)."""
         self.trainer = Trainer(
             self.schema,
             resources.tables,
@@ -144,7 +146,7 @@ class OnlineTrainer:
         self.served = (
             ServedJoin(
                 resources.served_log, settings.served_log, self.trainer.extractor,
-                settings.sparse.model_name,
+                settings.sparse.model_name, self.metrics.c_served_join,
             )
             if resources.served_log is not None
             else None
@@ -153,6 +155,12 @@ class OnlineTrainer:
         self._served_aligned: bool | None = None
         """Whether the served topic has the events topic's partition count (then this
         trainer reads only the served partitions of its own users)."""
+        self._averaged: torch.nn.Module = (
+            self.model
+            if self.retrieval is None
+            else torch.nn.ModuleList([self.model, self.retrieval.model])
+        )
+        """What the group averages: the ranker, and the towers beside it."""
         self.seq = 0
         """Sequence number of the last checkpoint written or loaded."""
         self._trained_ids: list[str] = []
@@ -215,7 +223,6 @@ class OnlineTrainer:
         consumer = self.resources.event_log.consumer(self.cfg.group_id)
         fetcher = Fetcher(consumer, self.cfg.batch_size, self.cfg.max_wait_ms / 1000.0)
         self._fetcher = fetcher
-        self._retry(lambda: self._follow_served(consumer))  # the broker may still be starting
         self.state = "running"
         try:
             while not self._stop.is_set():
@@ -226,7 +233,10 @@ class OnlineTrainer:
                     self._stop.wait(0.05)
                     continue
                 self.state = "running"
+                dead_before = consumer.dead_lettered
                 records = fetcher.get()
+                if consumer.dead_lettered != dead_before:
+                    self._dirty = True  # the next checkpoint commits past the bad records
                 if records:
                     with tracing.batch_span("trainer.batch", records):
                         self.train_records(records)
@@ -246,7 +256,7 @@ class OnlineTrainer:
                 if self.served is not None:
                     self.served.close()
                 consumer.close()
-                if self.group is not None:  # scale-out: peers stop averaging with this copy
+                if self.group is not None:  # peers stop averaging with this copy; lease freed
                     self.group.leave()
                 self._fetcher = None
                 self._thread_id = None
@@ -263,15 +273,19 @@ class OnlineTrainer:
             fresh = self._retry(lambda: group.unclaimed(records, fresh))
         events = [records[i].event for i in fresh]
         partitions = [records[i].partition for i in fresh]
+        log_times = [records[i].log_ts for i in fresh]
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
         if self.served is not None and records:
             if self._fetcher is not None:
-                self._follow_served(self._fetcher.consumer)
-            newest = max(r.log_ts for r in records)
-            self._retry(lambda: self.served.catch_up(newest))  # type: ignore[union-attr]
+                self._follow_served(self._fetcher.consumer, records)
 
         def moments(positions: list[int]) -> Moments:
-            return self.moments([events[i] for i in positions], lookup)
+            return self.moments(
+                [events[i] for i in positions],
+                lookup,
+                [partitions[i] for i in positions],
+                [log_times[i] for i in positions],
+            )
 
         # observe calls moments before it changes any state: a retry is clean.
         samples = self._retry(
@@ -282,7 +296,6 @@ class OnlineTrainer:
         if events:
             self._retry(lambda: self.resources.activity.record(events, lookup.videos))
         self._retry(self.trainer.settle)  # the pushes land before the journal line
-        self._train_retrieval()
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
                 self.positions[r.partition] = r.offset + 1
@@ -292,8 +305,13 @@ class OnlineTrainer:
         if self.durable_sparse and ids:
             with open(self.root / JOURNAL_FILE, "a") as fh:
                 fh.write(json.dumps(ids) + "\n")
-        if group is not None:  # scale-out: the group's progress, after the journal line
+        if group is not None:  # the group's progress, right after the journal line
             self._retry(lambda: group.trained(records))
+        if self.served is not None and records:
+            self.served.trained_to(max(r.log_ts for r in records))
+        # The towers train on buffered positives after the batch is recorded as trained:
+        # a crash in between loses a step of the towers, never trains an event twice.
+        self._train_retrieval()
         if self.cfg.audit:
             self._trained_ids += ids
         self._batches_since_export += 1
@@ -322,22 +340,36 @@ class OnlineTrainer:
             keys = self._train_samples(samples)
             self.metrics.observe_batch(0, len(samples), 0, keys, time.perf_counter() - started)
 
-    def moments(self, events: list[Event], lookup: Lookup) -> Moments:
+    def moments(
+        self,
+        events: list[Event],
+        lookup: Lookup,
+        partitions: list[int] | None = None,
+        log_times: list[int] | None = None,
+    ) -> Moments:
         """What is known of ``events``' moments (:class:`~trainer.labels.Moments`).
 
-        Impressions the service logged take the values and score they were
-        served with (:mod:`trainer.served`); every other moment is featurised
-        from the stores' pre-batch state, and other impressions are scored by
-        the current model: the prediction as the video was shown.
+        Moments the service logged (an impression, or an engagement no
+        impression preceded, naming its response) take the values and score
+        they were served with (:mod:`trainer.served`; ``partitions`` and
+        ``log_times`` say where and when each event was read); every other
+        moment is featurised from the stores' pre-batch state, and other
+        impressions are scored by the current model: the prediction as the
+        video was shown.
         """
         layout = self.trainer.extractor.layout
         values = np.zeros((len(events), layout.width), dtype=np.uint64)
         scores = np.full(len(events), np.nan)
         shown = [i for i, e in enumerate(events) if e.type is EventType.IMPRESSION]
+        named = [i for i, e in enumerate(events) if e.recommendation_id is not None]
         served: list[int] = []
-        if self.served is not None and shown:
-            found, served_values, served_scores = self.served.moments([events[i] for i in shown])
-            served = [shown[i] for i in found]
+        if self.served is not None and named:
+            found, served_values, served_scores = self.served.moments(
+                [events[i] for i in named],
+                None if partitions is None else [partitions[i] for i in named],
+                None if log_times is None else [log_times[i] for i in named],
+            )
+            served = [named[i] for i in found]
             values[served] = served_values
             scores[served] = served_scores
         rest = sorted(set(range(len(events))) - set(served))
@@ -355,8 +387,9 @@ class OnlineTrainer:
                 scores[unscored] = self.trainer.score(batch)
         return Moments(values, scores)
 
-    def _follow_served(self, consumer: EventConsumer) -> None:
-        """Read the served partitions of the events partitions this trainer owns now."""
+    def _follow_served(self, consumer: EventConsumer, records: list[ConsumedEvent]) -> None:
+        """Read the served partitions of the events partitions this trainer owns now, from
+        where it resumed them (its checkpoint's log times, else this batch's oldest)."""
         served = self.served
         if served is None:
             return
@@ -366,8 +399,12 @@ class OnlineTrainer:
             events = self.resources.event_log.partition_count()
             self._served_aligned = served_log.partition_count() == events
         assignment = consumer.assignment()
-        resume = min((self.log_times[p] for p in assignment if p in self.log_times), default=None)
-        served.follow(assignment if self._served_aligned else None, resume)
+        resume = min(
+            (self.log_times[p] for p in assignment if p in self.log_times),
+            default=min(r.log_ts for r in records),
+        )
+        aligned = self._served_aligned
+        served.follow(assignment if aligned else None, resume, aligned=aligned)
 
     def _train_samples(self, samples: list[Sample]) -> int:
         """One training step over ``samples``; returns the batch's unique key count."""
@@ -443,6 +480,7 @@ class OnlineTrainer:
                 except BackendUnavailable as exc:
                     log.warning("metrics series unavailable: %s", exc)
             self._heartbeat()
+        leads = self.exports()  # takes or renews the group's exporter lease (cached)
         fresh = self._batches_since_export > 0  # nothing new since the last export: skip
         due_by_time = (
             cfg.export_every_s > 0 and now - self._last_export >= cfg.export_every_s and fresh
@@ -450,7 +488,7 @@ class OnlineTrainer:
         due_by_count = (
             cfg.export_every_batches > 0 and self._batches_since_export >= cfg.export_every_batches
         )
-        if (due_by_time or due_by_count) and self.metrics.samples_total > 0:
+        if (due_by_time or due_by_count) and self.metrics.samples_total > 0 and leads:
             try:
                 self.export("own_family" if cfg.auto_activate else False)
             except Exception as exc:  # a failed export must not stop training; retried later
@@ -460,7 +498,7 @@ class OnlineTrainer:
         if self.group is not None and self.group.due():  # scale-out: dense averaging
             try:
                 with self._lock:
-                    self.group.average(self.model, self.metrics.samples_total)
+                    self.group.average(self._averaged, self.metrics.samples_total)
             except BackendUnavailable as exc:
                 log.warning("dense sync skipped: %s", exc)
         if now - self._last_checkpoint >= cfg.checkpoint_every_s and self._dirty:
@@ -470,6 +508,18 @@ class OnlineTrainer:
                 self.last_error = f"checkpoint failed: {exc!r}"
                 self._last_checkpoint = now
                 log.exception("checkpoint failed; offsets stay uncommitted")
+
+    def exports(self) -> bool:
+        """Whether this trainer is its group's exporter (alone, it always is): only it
+        exports on its timer and answers *Export now* (``trainer/distributed.py``)."""
+        group = self.group
+        if group is None:
+            return True
+        try:
+            return group.leads()
+        except BackendUnavailable as exc:  # no Redis, no lease: nobody exports meanwhile
+            log.warning("exporter lease unavailable: %s", exc)
+            return False
 
     def _serve_requests(self) -> None:
         while True:
@@ -510,6 +560,7 @@ class OnlineTrainer:
                 family=self.resources.settings.sparse.model_name,
                 training_position={
                     "group_id": self.cfg.group_id,
+                    "exporter": None if self.group is None else self.group.member,
                     "positions": {str(p): o for p, o in sorted(self.positions.items())},
                     "events_total": self.metrics.events_total,
                     "samples_total": self.metrics.samples_total,
@@ -563,6 +614,7 @@ class OnlineTrainer:
                 "head_samples": self.metrics.head_samples,
                 "joiner": joiner,
                 "watch_quantiles": self.joiner.policy.watch.state(),
+                "served_join": None if self.served is None else dict(self.served.counts),
                 "last_version": self.last_version,
             }
             (directory / STATE_FILE).write_text(json.dumps(state))
@@ -575,10 +627,13 @@ class OnlineTrainer:
         self._last_checkpoint = time.monotonic()
         (self.root / JOURNAL_FILE).unlink(missing_ok=True)
         fetcher = self._fetcher
-        if fetcher is not None and positions:
+        if fetcher is not None:
             try:
                 _commit(fetcher.consumer, positions)
-            except BackendUnavailable as exc:  # the checkpoint stands; dedupe covers replays
+            except (BackendUnavailable, Conflict) as exc:
+                # The checkpoint stands: a restart replays from the last commit and the
+                # restored dedupe window (or, in a group, its progress) skips what it covers;
+                # a partition moved away is resumed by its new owner the same way.
                 log.warning("commit failed after checkpoint %d: %s", seq, exc)
 
     def _write_audit(self, seq: int) -> None:
@@ -622,6 +677,8 @@ class OnlineTrainer:
             if "watch_quantiles" in state:
                 self.joiner.policy.watch.load_state(state["watch_quantiles"])
             self.metrics.restore_totals(state)
+            if self.served is not None and state.get("served_join"):
+                self.served.load_counts(state["served_join"])
             self.last_version = state.get("last_version")
             self.seq = seq
             log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)
@@ -693,6 +750,7 @@ class OnlineTrainer:
             "positions": {str(p): o for p, o in sorted(self.positions.items())},
             "last_error": self.last_error,
             "metrics": self.last_point,
+            "exporter": self.group is None or self.group.exporter,
             "group": None if self.group is None else self.group.status(),
             "served": None if self.served is None else self.served.status(),
             "retrieval": None if self.retrieval is None else self.retrieval.status(),
@@ -700,7 +758,9 @@ class OnlineTrainer:
 
 
 def _commit(consumer: EventConsumer, positions: dict[int, int]) -> None:
+    """Commit ``positions`` of the partitions still owned; the consumer moves each past the
+    bad records it dead-lettered there (with none trained since, too)."""
     owned = set(consumer.assignment())  # a rebalance may have moved some partitions away
     commit = [Position(p, o) for p, o in sorted(positions.items()) if p in owned]
-    if commit:
+    if commit or consumer.dead_lettered:
         consumer.commit(commit)

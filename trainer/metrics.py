@@ -31,7 +31,9 @@ engagement head's are the score as shown where one was made (see
 :attr:`trainer.labels.Sample.score`).
 
 And from the loop: events/s (consumed, over the last ``rate_window_s``),
-samples/s, batch latency (ms), unique keys per batch, consumer lag.
+samples/s, batch latency (ms), unique keys per batch, consumer lag; and the
+served-log join's outcomes (``vidrec_trainer_served_join_total{outcome}``,
+counted by :mod:`trainer.served`).
 
 :class:`TrainerMetrics` exposes all of it as Prometheus metrics in a
 registry the caller chooses (the service passes its own; default: a private
@@ -181,6 +183,13 @@ class TrainerMetrics:
         self.c_samples = Counter("vidrec_trainer_samples", "Labelled samples trained", registry=r)
         self.c_dupes = Counter(
             "vidrec_trainer_duplicates", "Redelivered events skipped by dedupe", registry=r
+        )
+        self.c_served_join = Counter(
+            "vidrec_trainer_served_join",
+            "Events naming a recommendation, by what the served-log join made of them "
+            "(joined, missing, late, unknown, other_schema: trainer/served.py)",
+            ["outcome"],
+            registry=r,
         )
         self.h_latency = Histogram(
             "vidrec_trainer_batch_seconds",

@@ -100,6 +100,8 @@ class OnlineReplay:
     def close(self) -> None:
         self.consumer.close()
         self.loop.trainer.close()
+        if self.loop.served is not None:
+            self.loop.served.close()
 
 
 def build_samples(

@@ -2,18 +2,58 @@
 
 The service logs what it recommended with the feature values it scored
 (:mod:`feature_store.served`); clients send the ``recommendation_id`` back on
-their events. Before each batch the trainer reads the served log up to the
-batch's log time and keeps the records in a bounded index; an impression
-carrying a ``recommendation_id`` found there, for the same user, a video of
-that response and the trainer's schema, takes the served item's values and
-score as the values of its shown moment (:mod:`trainer.labels`). Anything
-else (no id, a record dropped by the service or not read yet, another
-schema) is featurised from the stores as the impression arrives, and
-counted, so the share of served joins is visible (``status()["served"]``).
+their events. An event naming a recommendation (an impression, or an
+engagement that no impression preceded) whose record is found, for the same
+user, a video of that response and the trainer's schema, takes the served
+item's values and score as the values of its shown moment
+(:mod:`trainer.labels`). Anything else is featurised from the stores as the
+event arrives (still point in time), and counted.
+
+**Reading.** A background thread (:class:`ServedJoin`'s reader) follows the
+served partitions of the trainer's events partitions and keeps the records
+in a bounded index, ahead of the batches: a record is written by the
+service before the client even gets its response, so it is normally
+indexed before its impression is consumed. The reader stays at most
+``READ_AHEAD_MS`` (log time) ahead of the newest event trained, and the
+index forgets records older than ``served_log.join_window_ms`` behind it.
+
+**Waiting, by watermark.** The service writes its records from a queue, so
+under load a record may reach the log a little after the impression that
+names it. For each served partition the reader keeps a watermark: the
+newest log time it has read there, or the moment it last found itself at
+the partition's end (a lag check, made only while a batch waits). A batch
+waits until each id it names is indexed or the watermark of the id's
+partition is ``served_log.join_lookahead_ms`` past the event's log time; in
+the second case the record does not exist (yet) and the event is counted
+*missing*. In real time that wait is at most the lookahead, and only for
+ids without records; a trainer catching up never waits (the watermarks are
+ahead). A batch waits ``served_log.join_max_wait_ms`` at most (well under
+the consumer group's poll interval): past it, the ids not found are
+featurised from the stores (*late*), and should the reader not have moved
+at all meanwhile (the served topic unreachable) later batches do not wait
+again until it does.
+
+Only ids of logged responses are joined: an id says whether its response
+was logged (:mod:`feature_store.recommendation_ids`: a fallback, which no
+model ranked, has no record), so events naming a fallback are featurised
+from the stores at once, neither waited for nor counted. Outcomes, counted
+per event naming a logged response (``status()["served"]`` and the
+trainer's ``vidrec_trainer_served_join_total{outcome}``):
+
+- ``joined``: trained on the values it was served with;
+- ``missing``: the served log was read past the event's time (plus the
+  lookahead) without a record of that id: the service dropped it (its
+  ``vidrec_served_log_records_total{outcome="dropped"|"failed"}``);
+- ``late``: the trainer stopped waiting before the reader got that far;
+- ``unknown``: the record exists, but not for this user or without this
+  video: a recommendation the service never made to them (a client bug, or
+  a forged id);
+- ``other_schema``: the record was scored with another feature schema (the
+  responses served just before a schema change).
 
 One refinement of "as served": columns computed per request from the
 request's context (position, surface, device...) are recomputed with the
-impression's context laid over the request's, and the served position where
+event's context laid over the request's, and the served position where
 neither gives one. The service scores before it knows where each item will
 be shown; the impression knows. Everything else (the user's history, the
 video's counters, the clock) is exactly what was scored.
@@ -29,38 +69,56 @@ and reading a record twice is harmless.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections import OrderedDict
-from typing import cast
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from feature_store.errors import BackendUnavailable
 from feature_store.eventlog.base import ConsumedRecord, EventConsumer, EventLog
 from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.sources import SOURCES
+from feature_store.recommendation_ids import logged_response
 from feature_store.registry import family_of
 from feature_store.served import ServedRecord
 from feature_store.settings import ServedLogSettings
+from feature_store.worker import Worker
 from trainer.labels import merge_context
 
 log = logging.getLogger(__name__)
 
+OUTCOMES = ("joined", "missing", "late", "unknown", "other_schema")
+"""What became of an event naming a recommendation (see the module docstring)."""
+
 _POLL = 2000
-WAIT_S = 0.1
-"""Longest a batch waits for served records its impressions name but the trainer has not
-read yet (a Kafka reader fetches in round trips). An id waited for in vain (the service
-dropped its record) is not waited for again."""
-_GIVEN_UP_MAX = 100_000
-_LOOKAHEAD_MS = 5_000
-"""Served records are read this far past a batch's newest event (clock skew between the
-service instances that produced them)."""
+READ_AHEAD_MS = 60_000
+"""How far (log time) the reader reads past the newest event trained, at most."""
+_LAG_EVERY_S = 0.2
+"""Lag checks (one broker round trip) while a batch waits, at most this often."""
+_UNKNOWN = -1
+"""The watermark of a partition not read yet."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class _Follow:
+    """What the loop asked the reader to follow: partitions (None: all), and from when."""
+
+    def __init__(self, partitions: list[int] | None, start_ts: int | None) -> None:
+        self.partitions = partitions
+        self.start_ts = start_ts
 
 
 class ServedJoin:
-    """A bounded index of served records, read from the served log (see the module doc)."""
+    """The served log's index, its reader thread and the join (see the module doc)."""
 
     def __init__(
         self,
@@ -68,9 +126,12 @@ class ServedJoin:
         settings: ServedLogSettings,
         extractor: FeatureExtractor,
         family: str = "main",
+        outcomes: Any = None,
     ) -> None:
         self.log = served_log
         self.window_ms = settings.join_window_ms
+        self.lookahead_ms = settings.join_lookahead_ms
+        self.max_wait_s = settings.join_max_wait_ms / 1000.0
         self.max_records = settings.join_max_records
         self.extractor = extractor
         self.family = family
@@ -78,123 +139,267 @@ class ServedJoin:
         predictions as shown; another family's are not (see :meth:`moments`)."""
         self.layout = extractor.layout
         self.schema_hash = extractor.schema.schema_hash()
-        self._records: OrderedDict[str, tuple[ServedRecord, int]] = OrderedDict()
-        """recommendation_id -> (record, log time), oldest first."""
-        self._given_up: OrderedDict[str, None] = OrderedDict()
-        """Recommendation ids waited for in vain (dropped by the service, or too old): later
-        batches naming them do not wait again."""
-        self._reader: EventConsumer | None = None
-        self._partitions: list[int] | None = None
+        self.outcomes = outcomes
+        """A Prometheus counter labelled by outcome (the trainer's), or None."""
+        self.counts: Counter[str] = Counter({name: 0 for name in OUTCOMES})
         self._context_columns = [
             (j, col)
             for j, col in enumerate(extractor.schema.categorical)
             if SOURCES[col.source].per_request
         ]
-        self.joined = 0
-        """Impressions trained on the values they were served with."""
-        self.missing = 0
-        """Impressions naming a recommendation not (or no longer) in the index."""
-        self.mismatched = 0
-        """Impressions whose record is of another user, video or schema."""
+        self._cond = threading.Condition()
+        # Everything below is guarded by _cond (the reader thread writes, the loop reads).
+        self._records: OrderedDict[str, tuple[ServedRecord, int]] = OrderedDict()
+        """recommendation_id -> (record, log time), oldest first."""
+        self._marks: dict[int, int] = {}
+        """Served partition -> watermark, ms (see the module docstring)."""
+        self._aligned = False
+        """Whether the served partitions followed are the events partitions' numbers."""
+        self._progress = 0
+        """Bumped whenever the reader indexes records or moves a watermark."""
+        self._gave_up_at: int | None = None
+        """``_progress`` when a batch last gave up waiting: later ones do not wait again
+        until it moves."""
+        self._need_ms: int | None = None
+        """A waiting batch needs the watermarks this far: the reader checks its lag then."""
+        self._trained_ts = 0
+        """Newest event log time trained: the read-ahead's and the window's reference."""
+        self._wanted: _Follow | None = None
+        self.reader_error: str | None = None
+        self.waited_s = 0.0
+        """Seconds batches spent waiting for the reader, in all (since this process started)."""
+        self._worker = Worker("vidrec-served-reader", self._run)
 
-    def status(self) -> dict[str, int]:
+    def status(self) -> dict[str, Any]:
+        with self._cond:
+            held = len(self._records)
+            marks = [m for m in self._marks.values() if m != _UNKNOWN]
+        named = sum(self.counts.values())
         return {
-            "joined": self.joined,
-            "missing": self.missing,
-            "mismatched": self.mismatched,
-            "held": len(self._records),
+            **{name: self.counts[name] for name in OUTCOMES},
+            "join_rate": self.counts["joined"] / named if named else None,
+            "held": held,
+            "read_to_ms": min(marks) if marks else None,
+            "waited_s": round(self.waited_s, 3),
+            "reader_error": self.reader_error,
         }
 
+    def load_counts(self, counts: dict[str, int]) -> None:
+        """Totals from a checkpoint (the dashboard shows them across restarts)."""
+        for name in OUTCOMES:
+            self.counts[name] = int(counts.get(name, 0))
+
     def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        self._worker.stop()
 
-    # --- reading -----------------------------------------------------------
+    # --- following ------------------------------------------------------------
 
-    def follow(self, partitions: list[int] | None, resume_ts: int | None) -> None:
-        """Read the served partitions matching the events ``partitions`` (None: all).
+    def follow(
+        self, partitions: list[int] | None, start_ts: int | None, aligned: bool = False
+    ) -> None:
+        """Follow the served ``partitions`` (None: all) from ``join_window_ms`` before
+        ``start_ts`` (None: their start). A no-op while the partitions are unchanged."""
+        with self._cond:
+            if self._wanted is not None and self._wanted.partitions == partitions:
+                return
+            begin = None if start_ts is None else max(0, start_ts - self.window_ms)
+            self._wanted = _Follow(partitions, begin)
+            self._aligned = aligned and partitions is not None
+            self._marks = {}
+            self._cond.notify_all()
+        self._worker.start()
 
-        A new reader starts ``join_window_ms`` before ``resume_ts`` (the log time
-        the trainer resumes its events at), or at the start (None).
-        """
-        if self._reader is not None and partitions == self._partitions:
-            return
-        self.close()
-        self._reader = self.log.reader(partitions)
-        self._partitions = partitions
-        if resume_ts is not None:
-            self._reader.seek_to_timestamp(max(0, resume_ts - self.window_ms))
+    def trained_to(self, log_ts: int) -> None:
+        """The newest event log time trained: forget records ``join_window_ms`` older."""
+        with self._cond:
+            self._trained_ts = max(self._trained_ts, log_ts)
+            self._evict()
 
-    def catch_up(self, until_log_ts: int) -> None:
-        """Index the served records already fetched, up to ``until_log_ts`` (a batch's newest
-        event) and a little past; forget those older than the join window.
-
-        Never waits: a record not fetched yet is waited for by :meth:`moments`, and only
-        when an impression names it.
-        """
-        while True:
-            got = self._poll(0.0)
-            if len(got) < _POLL or got[-1].log_ts > until_log_ts + _LOOKAHEAD_MS:
-                break
-        oldest = until_log_ts - self.window_ms
+    def _evict(self) -> None:
+        oldest = self._trained_ts - self.window_ms
         records = self._records
         while records and (
             len(records) > self.max_records or next(iter(records.values()))[1] < oldest
         ):
             records.popitem(last=False)
 
-    def _poll(self, timeout_s: float) -> list[ConsumedRecord[ServedRecord]]:
-        if self._reader is None:
-            self.follow(None, None)
-        assert self._reader is not None
-        got = cast(list[ConsumedRecord[ServedRecord]], self._reader.poll(_POLL, timeout_s))
-        for record in got:
-            served = record.event
-            self._records.pop(served.recommendation_id, None)
-            self._records[served.recommendation_id] = (served, record.log_ts)
-        return got
+    # --- the reader thread -----------------------------------------------------
 
-    def _wait_for(self, wanted: set[str]) -> None:
-        """Read on until every id of ``wanted`` is indexed or :data:`WAIT_S` passed."""
-        deadline = time.monotonic() + WAIT_S
-        while wanted.difference(self._records):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._poll(min(remaining, 0.02))
+    def _run(self, stop: threading.Event) -> None:
+        reader: EventConsumer | None = None
+        following: _Follow | None = None
+        next_lag = 0.0
+        try:
+            while not stop.is_set():
+                with self._cond:
+                    wanted = self._wanted
+                try:
+                    if wanted is not following:
+                        if reader is not None:
+                            reader.close()
+                            reader = None
+                        reader = self._open(wanted)
+                        following = wanted
+                    if reader is None or self._ahead():
+                        stop.wait(0.02)
+                        continue
+                    got = cast(list[ConsumedRecord[ServedRecord]], reader.poll(_POLL, 0.1))
+                    self._index(got)
+                    if len(got) < _POLL and time.monotonic() >= next_lag and self._lag_due():
+                        next_lag = time.monotonic() + _LAG_EVERY_S
+                        self._check_lag(reader)
+                    self.reader_error = None
+                except BackendUnavailable as exc:  # the broker: retried, batches stop waiting
+                    self.reader_error = str(exc)
+                    stop.wait(1.0)
+                except Exception as exc:  # a bug must not end the join for good: logged, retried
+                    log.exception("served log reader failed; retrying in 5 s")
+                    self.reader_error = f"reader failed: {exc!r}"
+                    stop.wait(5.0)
+        finally:
+            if reader is not None:
+                reader.close()
+
+    def _open(self, wanted: _Follow | None) -> EventConsumer | None:
+        if wanted is None or wanted.partitions == []:
+            return None
+        partitions = (
+            list(range(self.log.partition_count()))
+            if wanted.partitions is None
+            else wanted.partitions
+        )
+        reader = self.log.reader(partitions)
+        try:
+            if wanted.start_ts is not None:
+                reader.seek_to_timestamp(wanted.start_ts)
+        except BaseException:
+            reader.close()
+            raise
+        with self._cond:
+            if self._wanted is wanted:
+                self._marks = {p: _UNKNOWN for p in partitions}
+        return reader
+
+    def _ahead(self) -> bool:
+        """Whether every followed partition is read ``READ_AHEAD_MS`` past the trainer."""
+        with self._cond:
+            if not self._trained_ts or not self._marks:
+                return False
+            target = self._trained_ts + self.lookahead_ms + READ_AHEAD_MS
+            return min(self._marks.values()) >= target
+
+    def _lag_due(self) -> bool:
+        with self._cond:
+            return self._need_ms is not None and _now_ms() >= self._need_ms
+
+    def _index(self, got: list[ConsumedRecord[ServedRecord]]) -> None:
+        if not got:
+            return
+        with self._cond:
+            records, marks = self._records, self._marks
+            for record in got:
+                served = record.event
+                records.pop(served.recommendation_id, None)
+                records[served.recommendation_id] = (served, record.log_ts)
+                if record.log_ts > marks.get(record.partition, _UNKNOWN):
+                    marks[record.partition] = record.log_ts
+            self._evict()
+            self._progress += 1
+            self._cond.notify_all()
+
+    def _check_lag(self, reader: EventConsumer) -> None:
+        """Mark the partitions read to their end as read up to now (before the check)."""
+        checked_at = _now_ms()
+        lag = reader.lag()
+        with self._cond:
+            for partition, behind in lag.items():
+                if behind == 0 and partition in self._marks:
+                    self._marks[partition] = max(self._marks[partition], checked_at)
+            self._progress += 1
+            self._cond.notify_all()
+
+    # --- waiting ---------------------------------------------------------------
+
+    def _mark(self, partition: int) -> int:
+        marks = self._marks
+        if self._aligned and partition in marks:
+            return marks[partition]
+        return min(marks.values()) if marks else _UNKNOWN
+
+    def _await(self, wanted: list[tuple[str, int, int]]) -> set[str]:
+        """Wait until each ``(id, partition, log time)`` is indexed or past its partition's
+        watermark (see the module docstring), at most ``join_max_wait_ms``; the ids given up
+        on (late). After a wait in vain, later batches wait only once the reader moved."""
+        lookahead = self.lookahead_ms
+        deadline = time.monotonic() + self.max_wait_s
+        with self._cond:
+            while True:
+                left = [
+                    (rec_id, ts)
+                    for rec_id, partition, ts in wanted
+                    if rec_id not in self._records and self._mark(partition) < ts + lookahead
+                ]
+                if not left:
+                    self._need_ms = None
+                    return set()
+                if self._gave_up_at == self._progress or time.monotonic() >= deadline:
+                    self._gave_up_at = self._progress
+                    self._need_ms = None
+                    return {rec_id for rec_id, _ in left}
+                self._need_ms = min(ts for _, ts in left) + lookahead
+                self._cond.wait(0.05)
 
     # --- joining -----------------------------------------------------------
 
     def moments(
-        self, events: list[Event]
+        self,
+        events: Sequence[Event],
+        partitions: Sequence[int] | None = None,
+        log_times: Sequence[int] | None = None,
     ) -> tuple[list[int], npt.NDArray[np.uint64], npt.NDArray[np.float64]]:
-        """For ``events`` (impressions), which were served here and the values and scores
-        they were served with: ``(positions, (n, W) values, (n,) scores)``."""
-        wanted = {e.recommendation_id for e in events if e.recommendation_id is not None}
-        unread = wanted.difference(self._records).difference(self._given_up)
+        """For ``events`` (shown moments, with their events partitions and log times:
+        default, now), which were served here and the values and scores they were served
+        with: ``(positions, (n, W) values, (n,) scores)``. Waits as the module doc says."""
+        if self._wanted is None:
+            self.follow(None, None)
+        now = _now_ms()
+        named = [  # a fallback's id says nothing was logged: no record to wait for
+            (i, e.recommendation_id)
+            for i, e in enumerate(events)
+            if e.recommendation_id is not None and logged_response(e.recommendation_id)
+        ]
+        with self._cond:
+            unread = [
+                (rec_id, partitions[i] if partitions is not None else -1,
+                 log_times[i] if log_times is not None else now)
+                for i, rec_id in named
+                if rec_id not in self._records
+            ]
+        late: set[str] = set()
         if unread:
-            self._wait_for(unread)
-            for unread_id in unread.difference(self._records):
-                self._given_up[unread_id] = None
-            while len(self._given_up) > _GIVEN_UP_MAX:
-                self._given_up.popitem(last=False)
+            started = time.monotonic()
+            late = self._await(unread)
+            self.waited_s += time.monotonic() - started
+        with self._cond:
+            entries = {rec_id: self._records.get(rec_id) for _, rec_id in named}
         found: list[int] = []
         rows: list[npt.NDArray[np.uint64]] = []
         scores: list[float] = []
         contexts: list[FeatureRow] = []
-        for i, event in enumerate(events):
-            rec_id = event.recommendation_id
-            if rec_id is None:
-                continue
-            entry = self._records.get(rec_id)
+        outcomes: Counter[str] = Counter()
+        for i, rec_id in named:
+            event = events[i]
+            entry = entries[rec_id]
             if entry is None:
-                self.missing += 1
+                outcomes["late" if rec_id in late else "missing"] += 1
                 continue
             record = entry[0]
             at = record.position_of(event.video_id)
-            if at is None or not self._usable(record, event):
-                self.mismatched += 1
+            if at is None or record.user_id != event.user_id:
+                outcomes["unknown"] += 1
+                continue
+            if not self._fits(record):
+                outcomes["other_schema"] += 1
                 continue
             item = record.items[at]
             own = record.model_version is not None and (
@@ -211,7 +416,8 @@ class ServedJoin:
             # Another family's score (an experiment's other arm, or the live family seen by
             # a retrain) is not this model's prediction: scored by this model instead.
             scores.append(item.score if own else np.nan)
-        self.joined += len(found)
+        outcomes["joined"] = len(found)
+        self._count(outcomes)
         if not found:
             return [], np.zeros((0, self.layout.width), np.uint64), np.zeros(0)
         packed = np.stack(rows)
@@ -219,12 +425,17 @@ class ServedJoin:
             packed[:, j] = self.extractor.keys(col, contexts)
         return found, packed, np.array(scores)
 
-    def _usable(self, record: ServedRecord, event: Event) -> bool:
+    def _count(self, outcomes: Counter[str]) -> None:
+        for name, n in outcomes.items():
+            if n:
+                self.counts[name] += n
+                if self.outcomes is not None:
+                    self.outcomes.labels(name).inc(n)
+
+    def _fits(self, record: ServedRecord) -> bool:
         layout = self.layout
         return (
-            record.user_id == event.user_id
-            and record.schema_hash == self.schema_hash
+            record.schema_hash == self.schema_hash
             and len(record.request_values) == len(layout.request_slots)
             and record.item_values.shape[1] == len(layout.item_slots)
         )
-

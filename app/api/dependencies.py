@@ -20,3 +20,12 @@ async def get_service(request: Request) -> Service:
 
 ServiceDep = Annotated[Service, Depends(get_service)]
 """A route parameter receiving the app's :class:`Service`."""
+
+
+async def raw_body(request: Request) -> bytes:
+    """The request's body as sent (Starlette keeps it: FastAPI parses the same bytes)."""
+    return await request.body()
+
+
+RawBody = Annotated[bytes, Depends(raw_body)]
+"""A route parameter receiving the raw body (to find keys given twice)."""

@@ -12,21 +12,37 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from app.api.dependencies import ServiceDep
 from app.auth import require
 from app.openapi import errors
-from app.schemas import Readiness
+from app.schemas import Liveness, Readiness
 from app.scoring.onnx_model import index_status
 from app.service import Service
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """Alive: the process answers HTTP. Touches no backend.
+@router.get(
+    "/healthz",
+    responses={
+        200: {"model": Liveness, "description": "Alive."},
+        503: {"model": Liveness, "description": "Stuck: one scoring ran `api.liveness_stuck_s`."},
+    },
+)
+async def healthz(request: Request) -> JSONResponse:
+    """Alive: the event loop answers, and no scoring is stuck. Touches no backend.
 
-    ``async`` so that it is answered on the event loop and never waits for a
-    thread-pool thread (those may all be busy with slow writes).
+    ``async``, answered on the event loop, which never scores nor ingests
+    (:mod:`app.admission`): it answers at once however busy the scoring
+    thread and the ingest threads are, and whatever Redis or the broker do,
+    so an overload or an outage never restarts the process. 503 only when
+    one scoring has run ``api.liveness_stuck_s`` (60 s; a scoring takes
+    milliseconds and every backend call has a timeout): a deadlock only a
+    restart ends.
     """
-    return {"status": "ok"}
+    service: Service | None = getattr(request.app.state, "service", None)
+    if service is not None:
+        busy_s = service.scoring.busy_for_s()
+        if busy_s >= service.resources.settings.api.liveness_stuck_s:
+            return JSONResponse({"status": "stuck", "scoring_busy_s": round(busy_s, 1)}, 503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get(

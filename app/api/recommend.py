@@ -1,10 +1,17 @@
 """``POST /v1/recommend`` and ``POST /v1/recommend/batch``.
 
-The handler is ``async`` and scores inline on the event loop instead of in
-FastAPI's thread pool: the work is a few milliseconds of CPU under the GIL,
-so a thread hop adds latency and, under concurrency, GIL hand-offs between
-pool threads cost more than they overlap (measured: see docs/benchmarks.md).
-A worker thus scores one request at a time; scale with worker processes.
+The handlers are ``async``: they parse the body on the event loop and hand
+the scoring to the service's one scoring thread
+(:class:`app.admission.ScoringThread`), waiting for it at most until the
+request's deadline; a request not scored by then is answered from the
+popular list (``fallback_reason: "deadline"``). The loop itself never
+scores, so ``/healthz``, refusals and other requests never wait behind a
+scoring, nor behind a backend call that hangs (up to
+``redis.socket_timeout_s``; after the first, the Redis client's circuit
+breaker, :mod:`feature_store.breaker`, fails every call in microseconds
+until Redis answers a background PING). One thread, as the loop was before:
+a worker scores one request at a time and scales by processes (a pool of
+threads trading the GIL served fewer: docs/benchmarks.md).
 
 The body is parsed here, by pydantic-core straight from the raw bytes
 (``model_validate_json``), not by FastAPI's body parameter (``json.loads``,
@@ -12,23 +19,17 @@ then validation through FastAPI's dependency machinery): about 0.3 ms less
 per request. Errors read the same (they go through the same
 ``RequestValidationError`` translation), and the OpenAPI document still
 describes the body (:data:`OPENAPI_BODY`, :func:`add_request_schemas`).
+
 A batch (many users in one request: e-mail and push jobs) is the same
 recommendations one after the other, with the same limits per user and the
-same key, at most ``api.max_recommend_batch`` users; the handler yields to the
-event loop between users, so a batch never holds the worker for more than one
-user's few milliseconds at a time.
-
-The price: while a backend call hangs (up to ``redis.socket_timeout_s``) this
-worker's loop waits too, which the degraded fallback then answers. Only the
-calls that find Redis gone pay that: then the client's circuit breaker
-(:mod:`feature_store.breaker`) fails every call in microseconds until Redis
-answers a background PING, so an outage never costs a request the client's
-retries and backoff on the event loop.
+same key, at most ``api.max_recommend_batch`` users; each user is one job of
+the scoring thread, so online requests are scored between a batch's users,
+and a batch's users wait for no deadline (a job wants whole answers).
 """
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -36,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
+from app.admission import RECOMMEND, deadline_of
 from app.api.dependencies import get_service
 from app.auth import require
 from app.openapi import errors
@@ -47,6 +49,7 @@ from app.schemas import (
     RecommendResponse,
 )
 from feature_store.errors import InvalidInput, PayloadTooLarge
+from feature_store.json_keys import REPEATED_KEY, keys_in, repeated_keys
 
 router = APIRouter(tags=["recommend"])
 
@@ -81,16 +84,21 @@ def parse_request(content_type: str | None, raw: bytes) -> RecommendRequest:
 
 
 def parse_body(content_type: str | None, raw: bytes, model: type[Body]) -> Body:
-    """The request body as ``model``; errors as FastAPI reports them."""
+    """The request body as ``model``; errors as FastAPI reports them, and a key given
+    twice refused (:mod:`feature_store.json_keys`)."""
     if not raw:
         raise InvalidInput("body", "required")
     media = (content_type or "").split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         raise InvalidInput("body", "expected a JSON object (Content-Type: application/json)")
     try:
-        return model.model_validate_json(raw)
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
         raise _in_body(exc) from exc
+    repeated = repeated_keys(raw, keys_in(body))
+    if repeated:
+        raise InvalidInput(repeated[0], REPEATED_KEY)
+    return body
 
 
 def _in_body(exc: ValidationError) -> RequestValidationError:
@@ -112,11 +120,20 @@ async def recommend(request: Request) -> Response:
     creators, trending, fresh uploads), filters out hidden, already-seen and
     filtered-out videos and scores at most ``api.max_candidates``. An unknown
     user, a missing model or a backend outage is answered by a fallback
-    (``fallback``/``fallback_reason``/``degraded``), never an error.
+    (``fallback``/``fallback_reason``/``degraded``), never an error; so is a request
+    not scored by ``api.recommend_deadline_ms`` (``fallback_reason: "deadline"``).
+    503 ``Overloaded`` with ``Retry-After`` when ``api.max_concurrent_recommends`` are
+    in flight already: retry after it (or show what the client had).
     """
     service = await get_service(request)
     body = parse_request(request.headers.get("content-type"), await request.body())
-    result = service.recommender.recommend(body)
+    recommender = service.recommender
+    result = await service.scoring.run(
+        lambda: recommender.recommend(body), deadline_of(request.scope)
+    )
+    if result is None:  # not scored in time: shed, answered from memory
+        service.metrics.shed.labels(RECOMMEND, "deadline").inc()
+        result = recommender.past_deadline(body)
     # Already a validated model: serialise once, skip FastAPI's re-validation.
     return Response(result.model_dump_json(), media_type="application/json")
 
@@ -156,9 +173,9 @@ async def recommend_batch(request: Request) -> Response:
             raise InvalidInput(f"requests.{index}.{exc.field}", exc.reason) from exc
     answers: list[str] = []
     for one in body.requests:
-        result = recommender.recommend(one)
+        scored = await service.scoring.run(partial(recommender.recommend, one), None)
+        assert scored is not None  # no deadline: always scored
         answers.append(
-            BatchRecommendation(**result.__dict__, user_id=one.user_id).model_dump_json()
+            BatchRecommendation(**scored.__dict__, user_id=one.user_id).model_dump_json()
         )
-        await asyncio.sleep(0)  # let the worker answer others between users
     return Response('{"results":[' + ",".join(answers) + "]}", media_type="application/json")

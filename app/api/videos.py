@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from app.api.dependencies import ServiceDep
-from app.api.events import batch_response, item_id
+from app.api.dependencies import RawBody, ServiceDep
+from app.api.events import batch_response, item_id, repeated_item_keys
 from app.auth import require
 from app.openapi import BATCH_REJECTED, errors
 from app.schemas import BatchResult, ItemError, VideoBatch, VideoOut
@@ -14,6 +14,7 @@ from app.service import Service
 from feature_store.catalog.base import Video, validate_video
 from feature_store.errors import InvalidInput, NotFound, PayloadTooLarge
 from feature_store.events import check_id
+from feature_store.json_keys import REPEATED_KEY
 
 router = APIRouter(tags=["catalog"])
 
@@ -24,7 +25,9 @@ router = APIRouter(tags=["catalog"])
     dependencies=[Depends(require("write"))],
     responses={**errors(503), 422: BATCH_REJECTED},
 )
-def put_videos(body: VideoBatch, service: ServiceDep) -> BatchResult | JSONResponse:
+def put_videos(
+    body: VideoBatch, service: ServiceDep, raw: RawBody
+) -> BatchResult | JSONResponse:
     """Insert or replace videos; same response shape and statuses as ``POST /v1/events``."""
     settings = service.resources.settings
     limit = settings.api.max_videos_per_batch
@@ -32,13 +35,16 @@ def put_videos(body: VideoBatch, service: ServiceDep) -> BatchResult | JSONRespo
         raise PayloadTooLarge(f"videos: {len(body.videos)} videos, at most {limit} per batch")
     valid: list[Video] = []
     errors: list[ItemError] = []
-    for index, raw in enumerate(body.videos):
+    repeated = repeated_item_keys(raw, "videos", body.videos)
+    for index, item in enumerate(body.videos):
         try:
-            valid.append(validate_video(raw, settings.limits))
+            if index in repeated:
+                raise InvalidInput(repeated[index], REPEATED_KEY)
+            valid.append(validate_video(item, settings.limits))
         except InvalidInput as exc:
             errors.append(
                 ItemError(
-                    index=index, id=item_id(raw, "video_id"), field=exc.field, message=exc.reason
+                    index=index, id=item_id(item, "video_id"), field=exc.field, message=exc.reason
                 )
             )
     if valid:

@@ -122,6 +122,7 @@ def training(
             "checkpoint_seq": seq,
             "checkpoint_seen_ms": clock.observe(group, seq) if clock is not None else None,
             "last_version": (status or {}).get("last_version"),
+            "served_join": (status or {}).get("served"),
             "points": [
                 {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}} for p in points
             ],

@@ -11,11 +11,14 @@ all of them) and indexes the responses an experiment's arm ranked:
 such a response (and its user) is counted for that arm
 (:mod:`app.experiments.tally`); other events are skipped without a lookup.
 
-It keeps no consumer-group offsets: each partition's checkpoint (offset,
-log time, totals: :mod:`app.experiments.checkpoints`) is the position, saved
-every ``experiments.checkpoint_every_s``. A member that gets a partition
-(start, restart, rebalance) loads its checkpoint, re-reads one attribution
-window before it without counting (the open impressions), and counts from
+Each partition's checkpoint (offset, log time, totals:
+:mod:`app.experiments.checkpoints`) is the position, saved every
+``experiments.checkpoint_every_s``; the offsets are committed to the group
+after each save only so that the bad records the feed dead-lettered are
+behind its commit, and not dead-lettered again by the warm-up re-read below.
+A member that gets a partition (start, restart, rebalance) loads its
+checkpoint, re-reads one attribution window before it without counting (the
+open impressions), and counts from
 its offset; so a crash (kill -9 included) or a rebalance neither loses nor
 double-counts an event. A partition with no checkpoint starts at the oldest
 experiment still counting (running, or ended within a window).
@@ -41,8 +44,9 @@ from app.experiments.checkpoints import FeedCheckpoints
 from app.experiments.tally import ArmTag, PartitionTally
 from feature_store import tracing
 from feature_store.errors import VidrecError
-from feature_store.eventlog.base import ConsumedEvent, ConsumedRecord, EventConsumer
+from feature_store.eventlog.base import ConsumedEvent, ConsumedRecord, EventConsumer, Position
 from feature_store.experiments import ExperimentStore
+from feature_store.recommendation_ids import logged_response
 from feature_store.runtime import Resources
 from feature_store.served import ServedRecord
 from feature_store.worker import Worker
@@ -130,6 +134,8 @@ class ExperimentFeed:
         self.max_open = settings.max_open_exposures
         self.checkpoint_every_s = settings.checkpoint_every_s
         self.tallies: dict[int, PartitionTally] = {}
+        self._committed: dict[int, int] = {}
+        """Per partition, the tally offset last committed (or loaded with its checkpoint)."""
         self.last_error: str | None = None
         self.counted = 0
         """Events counted for an arm since start."""
@@ -237,6 +243,7 @@ class ExperimentFeed:
                 self._starts[partition] = horizon
             self.tallies[partition] = tally
         self._assigned, self._horizon = assigned, horizon
+        self._committed = {p: t.offset for p, t in self.tallies.items() if t.offset is not None}
         start = min(self._starts.values(), default=horizon)
         consumer.seek_to_timestamp(max(0, start))
         self._follow_served(assigned, start)
@@ -270,11 +277,12 @@ class ExperimentFeed:
         self._catch_up()
         index = self._index
         now_ms = int(time.time() * 1000)
-        unknown = [
+        unknown = [  # a fallback's id has no record to wait for (its id says so)
             r for r in records
-            if r.event.recommendation_id is not None and not index.knows(
-                r.event.recommendation_id
-            ) and r.log_ts >= now_ms - RECENT_MS
+            if r.event.recommendation_id is not None
+            and logged_response(r.event.recommendation_id)
+            and not index.knows(r.event.recommendation_id)
+            and r.log_ts >= now_ms - RECENT_MS
         ]
         if unknown:  # served records not read yet? wait for them once
             wanted = {r.event.recommendation_id or "" for r in unknown}
@@ -310,6 +318,23 @@ class ExperimentFeed:
         keep = {e.id for e in self.store.all()}
         self.checkpoints.save({p: t.state(keep) for p, t in self.tallies.items()})
         self._last_save = time.monotonic()
+        consumer = self._consumer
+        if consumer is None:
+            return
+        # Only offsets that moved since they were last committed (or loaded): the consumer
+        # moves a commit past the bad records right after it, and the same offset committed
+        # again would move the group back onto them.
+        owned = set(consumer.assignment())
+        moved = {
+            p: t.offset
+            for p, t in sorted(self.tallies.items())
+            if t.offset is not None and p in owned and t.offset != self._committed.get(p)
+        }
+        try:  # past the dead-lettered records (module doc); the checkpoint is the position
+            consumer.commit([Position(p, o) for p, o in moved.items()])
+            self._committed.update(moved)
+        except VidrecError as exc:
+            log.warning("experiment feed: commit after the checkpoint failed: %s", exc)
 
     def status(self) -> dict[str, object]:
         return {

@@ -117,9 +117,7 @@ class RetrievalModel:
         row = FeatureRow(
             user_id=user_id, video_id="", ts_ms=ts_ms, context=context, history=tuple(history)
         )
-        batch = self.extractor.extract([row])
-        rows = {table: pull(tower_table(table), keys) for table, keys in batch.table_keys.items()}
-        pooled = pool(self.towers.user, batch, rows)
+        pooled = user_inputs(self.towers, self.extractor, [row], pull)
         (vector,) = self.session.run([VECTOR], {POOLED: pooled})
         return np.asarray(vector[0], dtype=np.float32)
 
@@ -139,6 +137,29 @@ class RetrievalModel:
         if not known.any():
             return np.zeros(len(ids), np.float32)
         return np.where(known, vectors @ vector, 0.0).astype(np.float32)
+
+
+def user_inputs(
+    towers: Towers, extractor: FeatureExtractor, rows: Sequence[FeatureRow], pull: Pull
+) -> npt.NDArray[np.float32]:
+    """The user tower's input for ``rows``, ``(len(rows), width)``: each user column's tower
+    rows pulled and pooled (what a request feeds the tower; ``vidrec export-vectors`` too)."""
+    batch = extractor.extract(list(rows))
+    pulled = {table: pull(tower_table(table), keys) for table, keys in batch.table_keys.items()}
+    return pool(towers.user, batch, pulled)
+
+
+def towers_of(manifest: Manifest, schema: FeatureSchema) -> Towers | None:
+    """The towers a version's manifest describes, over this schema (None: no towers)."""
+    described = manifest.extra.get(MANIFEST_KEY)
+    if not described:
+        return None
+    return Towers.from_settings(schema, RetrievalSettings(
+        user_columns=tuple(described["user_columns"]),
+        video_columns=tuple(described["video_columns"]),
+        table_dim=int(described["table_dim"]),
+        dim=int(described["dim"]),
+    ))
 
 
 class RetrievalLoadError(VidrecError):
@@ -163,17 +184,12 @@ def load_retrieval(
     does not embed are refused here. The index over the video vectors is
     built here (or restored from ``ann_dir`` when it holds this version's).
     """
-    described = manifest.extra.get(MANIFEST_KEY)
-    if not described:
+    if not manifest.extra.get(MANIFEST_KEY):
         return None
     version = manifest.version
     try:
-        towers = Towers.from_settings(schema, RetrievalSettings(
-            user_columns=tuple(described["user_columns"]),
-            video_columns=tuple(described["video_columns"]),
-            table_dim=int(described["table_dim"]),
-            dim=int(described["dim"]),
-        ))
+        towers = towers_of(manifest, schema)
+        assert towers is not None
         paths = {
             name: registry.artifact_path(version, name)
             for name in (USER_TOWER_FILE, VIDEO_VECTORS_FILE, VIDEO_IDS_FILE)

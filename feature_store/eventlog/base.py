@@ -18,7 +18,10 @@ Shared semantics (the same tests run against each backend):
   (the trainer's and the signal feed's each add one entry); a commit moves
   past the bad records dead-lettered right at the committed position, so a
   bad record last in its partition is not met (and dead-lettered) again
-  after a restart. A replay (``seek``) may meet it again and add an entry.
+  after a restart. A member that reads behind its group's committed offset
+  (a restart's warm-up seeking back by time, a retrain seeking to its start
+  again) skips the bad records there silently: the group dead-lettered them
+  when it first passed them (and a commit at one moves past it again).
 - Closing a log closes the consumers it made; a closed log or consumer raises
   :class:`~feature_store.errors.EventLogUnavailable`. Seeking or committing a
   partition this consumer does not own raises

@@ -15,6 +15,7 @@ import xxhash
 
 from feature_store.errors import InvalidInput
 from feature_store.events import Event, EventValidator, encode_event
+from feature_store.json_keys import REPEATED_KEY, repeated_keys
 from feature_store.served import ServedRecord, decode_served, encode_served
 from feature_store.settings import EventLimits
 
@@ -66,7 +67,8 @@ class EventCodec:
     """User events: JSON, validated against the same limits as HTTP ingress.
 
     ``max_record_bytes`` is checked before decoding so that one huge record
-    costs no parsing.
+    costs no parsing. A record naming a key twice is refused
+    (:mod:`feature_store.json_keys`).
     """
 
     def __init__(self, limits: EventLimits, max_record_bytes: int) -> None:
@@ -82,10 +84,16 @@ class EventCodec:
     def decode(self, value: bytes | None) -> Event:
         value = _check_size(value, self.max_record_bytes)
         try:
-            return self.validator.parse_json(value)
+            event = self.validator.parse_json(value)
         except InvalidInput as exc:
             # str(exc) is "field: message", e.g. "video_id: Field required".
             raise BadRecord(str(exc)) from exc
+        # The keys the parser kept: the event's and its context's (the only nested object).
+        kept = len(event.model_fields_set) + len(event.context.model_fields_set)
+        repeated = repeated_keys(value, kept)
+        if repeated:  # the parser kept the last value; another reader may take the first
+            raise BadRecord(f"{repeated[0]}: {REPEATED_KEY}")
+        return event
 
     def keep(self, item: Event, size: int, now_ms: int) -> bool:
         if size > self.max_record_bytes:

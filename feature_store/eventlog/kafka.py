@@ -44,7 +44,12 @@ from typing import Any
 
 from kafka import ConsumerRebalanceListener, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
-from kafka.errors import CommitFailedError, KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    CommitFailedError,
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAlreadyExistsError,
+)
 from kafka.structs import OffsetAndMetadata
 
 from feature_store import tracing
@@ -159,8 +164,9 @@ class KafkaEventLog:
         self._start_lock = threading.Lock()
         self._consumers: list[KafkaEventConsumer] = []
         self._closed = False
-        self.breaker = Breaker("kafka")
-        """Down after a produce failed or timed out; half-open trials bring it back."""
+        self.breaker = Breaker("kafka", probe=self._probe_broker)
+        """Down after a produce failed or was not acknowledged within its budget; while
+        down every produce is refused at once, and a background probe brings it back."""
         self._connector: threading.Thread | None = None
 
     def client_config(self) -> dict[str, Any]:
@@ -296,7 +302,12 @@ class KafkaEventLog:
 
     def produce(self, events: Sequence[Any], timeout_s: float | None = None) -> None:
         """Append items of this log's stream (events, or served records); waits for acks
-        (at most ``timeout_s``, default the request timeout), through the breaker."""
+        (at most ``timeout_s``, default the request timeout), through the breaker.
+
+        A wait that ends without every acknowledgement before ``kafka.produce_timeout_ms``
+        does not mark the broker down: the caller's deadline was nearer than the
+        broker's budget (an overloaded API), which says nothing of the broker; under
+        load, blaming it refused the next requests too."""
         if not events:
             return
         if not self.breaker.allow():
@@ -309,10 +320,15 @@ class KafkaEventLog:
             records = [
                 (self.topic, codec.key(item), codec.encode(item), headers) for item in events
             ]
+            wait_s = self._timeout_s if timeout_s is None else timeout_s
+            started = time.monotonic()
             try:
-                self._send(records, self._timeout_s if timeout_s is None else timeout_s)
+                self._send(records, wait_s)
             except EventLogUnavailable as exc:
-                self.breaker.failed(exc)
+                budget_s = self.settings.kafka.produce_timeout_ms / 1000
+                had_budget = max(wait_s, time.monotonic() - started) >= budget_s
+                if had_budget or not isinstance(exc.__cause__, KafkaTimeoutError):
+                    self.breaker.failed(exc)
                 exc.retry_after_s = self.breaker.retry_after_s()
                 raise
         self.breaker.succeeded()
@@ -401,6 +417,20 @@ class KafkaEventLog:
         with self._probe_lock, self._guarded("metadata"):
             partitions = probe.partitions_for_topic(topic) or set()
         return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+    def _probe_broker(self) -> None:
+        """The breaker's probe, from its thread while the broker is down: every leader of
+        the topic's partitions answers an offsets request within the produce budget (so
+        no client request is the one that finds out, at the cost of its budget)."""
+        probe = self._probe
+        if probe is None:
+            raise EventLogUnavailable("not connected to the broker yet")
+        timeout_ms = max(1000, 2 * self.settings.kafka.produce_timeout_ms)
+        with self._probe_lock, _kafka_errors("probe"):
+            partitions = probe.partitions_for_topic(self.topic) or set()
+            probe.end_offsets(
+                [TopicPartition(self.topic, p) for p in sorted(partitions)], timeout_ms=timeout_ms
+            )
 
     def _ready_probe(self) -> KafkaConsumer:
         self._ready_producer()
@@ -520,6 +550,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def on_partitions_revoked(self, revoked: Any) -> None:
         for tp in revoked:
             self.owner._floors.pop(tp.partition, None)
+            self.owner._passed.pop(tp.partition, None)
             self.owner._first_seen.pop(tp.partition, None)
             self.owner._last_commit.pop(tp.partition, None)
 
@@ -550,6 +581,9 @@ class KafkaEventConsumer:
         self._first_seen: dict[int, int] = {}
         """Per partition, offset of the first record polled since assignment or seek."""
         self._last_commit: dict[int, int] = {}
+        self._passed: dict[int, int] = {}
+        """Per partition, the group's committed offset, read when a bad record is met: one
+        below it was dead-lettered when the group first passed it (see :meth:`_behind`)."""
         self.dead_lettered = 0
         with _kafka_errors("join group"):
             self._consumer = KafkaConsumer(
@@ -625,6 +659,11 @@ class KafkaEventConsumer:
                 except BadRecord as bad:
                     if self._dead.holds(tp.partition, record.offset):
                         continue  # this group dead-lettered it already (a rebalance re-read)
+                    if self._behind(tp, record.offset):
+                        # Behind the group's commit: dead-lettered when first passed. Held
+                        # as dead-lettered here too, so a commit moves past it again.
+                        self._dead.add(tp.partition, record.offset)
+                        continue
                     source = source_of(tp.topic, tp.partition, record.offset)
                     letter = DeadLetter(
                         bad.reason, source, record.key, record.value or b"", self.group_id or ""
@@ -635,6 +674,19 @@ class KafkaEventConsumer:
                     event, tp.partition, record.offset, record.timestamp, record.headers or None
                 ))
         return events, dead
+
+    def _behind(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether ``offset`` lies behind the group's committed offset of ``tp`` (a restart's
+        warm-up or a retrain seeking back re-reads what the group passed long ago)."""
+        if self.group_id is None:
+            return False
+        if tp.partition not in self._passed:
+            try:
+                committed = self._consumer.committed(tp, timeout_ms=self._log._timeout_ms)
+            except KafkaError:  # unknown: dead-letter it (an entry twice at worst)
+                return False
+            self._passed[tp.partition] = -1 if committed is None else int(committed)
+        return offset < self._passed[tp.partition]
 
     def _rewind(self, batches: dict[Any, list[Any]]) -> None:
         with _kafka_errors("rewind"):
@@ -667,16 +719,19 @@ class KafkaEventConsumer:
             if positions is None:
                 self._consumer.commit(timeout_ms=self._log._timeout_ms)
                 self._dead = DeadRuns()  # everything polled is committed, bad records too
+                self._passed.clear()  # read again when next needed
                 return
             self._owned([p.partition for p in positions])
             chosen = past_dead_letters(
                 positions, self._dead, self.assignment(), self._last_commit, self._first_seen
             )
-            self._consumer.commit(
-                {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in chosen.items()},
-                timeout_ms=self._log._timeout_ms,
-            )
+            if chosen:
+                self._consumer.commit(
+                    {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in chosen.items()},
+                    timeout_ms=self._log._timeout_ms,
+                )
             self._last_commit.update(chosen)
+            self._passed.update(chosen)
 
     def committed(self) -> list[Position]:
         self._check_open()
@@ -722,6 +777,7 @@ class KafkaEventConsumer:
                 self._consumer.seek(tp, min(max(position.offset, 0), ends[tp]))
                 self._floors.pop(position.partition, None)
                 self._first_seen.pop(position.partition, None)
+                self._last_commit.pop(position.partition, None)
 
     def seek_to_timestamp(self, ts_ms: int) -> None:
         self._check_open()
@@ -745,6 +801,7 @@ class KafkaEventConsumer:
                     self._consumer.seek(tp, hit.offset)
                 self._floors[tp.partition] = ts_ms
                 self._first_seen.pop(tp.partition, None)
+                self._last_commit.pop(tp.partition, None)
 
     def seek_to_beginning(self) -> None:
         self._check_open()
@@ -757,6 +814,7 @@ class KafkaEventConsumer:
         for tp in partitions:
             self._floors.pop(tp.partition, None)
             self._first_seen.pop(tp.partition, None)
+            self._last_commit.pop(tp.partition, None)
 
     def lag(self) -> dict[int, int]:
         self._check_open()

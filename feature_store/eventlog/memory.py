@@ -483,7 +483,9 @@ class MemoryEventConsumer:
                         break
                     log._changed.wait(remaining)
                     self._check_open()
-            events, dead = self._decode(records)
+                group = log._groups.get(self.group_id) if self.group_id is not None else None
+                passed = dict(group.committed) if group is not None else {}
+            events, dead = self._decode(records, passed)
             if dead:
                 log._dead_letter([letter for _, _, letter in dead])
                 for partition, offset, _ in dead:
@@ -493,10 +495,11 @@ class MemoryEventConsumer:
                 return events
 
     def _decode(
-        self, records: list[tuple[int, StoredRecord, Any]]
+        self, records: list[tuple[int, StoredRecord, Any]], passed: dict[int, int]
     ) -> tuple[list[ConsumedEvent], list[tuple[int, int, StoredDeadLetter]]]:
         """Valid items, and (partition, offset, letter) of bad records met first here;
-        outside the lock (parsing is the cost)."""
+        outside the lock (parsing is the cost). ``passed``: the group's committed offsets
+        (a bad record below one was dead-lettered when the group first passed it)."""
         events: list[ConsumedEvent] = []
         dead: list[tuple[int, int, StoredDeadLetter]] = []
         decoder = self._log._codec
@@ -513,6 +516,11 @@ class MemoryEventConsumer:
             except BadRecord as bad:
                 if self._dead.holds(partition, record.offset):
                     continue  # this group dead-lettered it already (a rebalance re-read)
+                if record.offset < passed.get(partition, 0):
+                    # Behind the group's commit: dead-lettered when first passed. Held as
+                    # dead-lettered here too, so a commit moves past it again.
+                    self._dead.add(partition, record.offset)
+                    continue
                 source = source_of(self._log.topic, partition, record.offset)
                 letter = StoredDeadLetter(
                     bad.reason, source, record.key, record.value, self.group_id or ""
@@ -577,6 +585,7 @@ class MemoryEventConsumer:
                     position.offset
                 )
                 self._first_seen.pop(position.partition, None)
+                self._last_commit.pop(position.partition, None)
 
     def seek_to_timestamp(self, ts_ms: int) -> None:
         log = self._log
@@ -585,6 +594,7 @@ class MemoryEventConsumer:
             for index in self._positions:
                 self._positions[index] = log._partitions[index].offset_for_time(ts_ms)
             self._first_seen.clear()
+            self._last_commit.clear()
 
     def seek_to_beginning(self) -> None:
         log = self._log
@@ -593,6 +603,7 @@ class MemoryEventConsumer:
             for index in self._positions:
                 self._positions[index] = log._partitions[index].start
             self._first_seen.clear()
+            self._last_commit.clear()
 
     def lag(self) -> dict[int, int]:
         log = self._log

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from feature_store.recommendation_ids import logged_response
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
 from tests.factories import make_event, make_video
 
@@ -189,6 +190,89 @@ def test_all_bad_events_is_422_naming_the_first_field(client: TestClient) -> Non
     assert response.status_code == 422
     assert response.json()["field"] == "events.0.ts"
     assert response.json()["rejected"] == 1
+
+
+def test_a_key_given_twice_is_refused_naming_it(client: TestClient) -> None:
+    """JSON parsers keep the last value of a repeated key, other readers the first: such
+    an event is rejected (its neighbours kept), such a request refused with 422."""
+    good = json.dumps(event_json(event_id="once"))
+    twice = json.dumps(event_json(event_id="twice")).replace(
+        '"user_id":', '"user_id": "someone-else", "user_id":', 1
+    )
+    inner = json.dumps(event_json(event_id="inner", context={"device": "tv"})).replace(
+        '"device":', '"device": "phone", "device":', 1
+    )
+    raw = f'{{"events": [{good}, {twice}, {inner}]}}'
+    headers = {**KEY, "Content-Type": "application/json"}
+    response = client.post("/v1/events", content=raw, headers=headers)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["accepted"] == 1
+    by_index = {e["index"]: e for e in result["errors"]}
+    assert by_index[1]["field"] == "user_id" and "twice" in by_index[1]["message"]
+    assert by_index[2]["field"] == "context.device"
+    alone = client.post("/v1/events", content=f'{{"events": [{twice}]}}', headers=headers)
+    assert alone.status_code == 422 and alone.json()["field"] == "events.0.user_id"
+    outer = client.post("/v1/events", content=f'{{"events": [], "events": [{good}]}}',
+                        headers=headers)
+    assert outer.status_code == 422 and outer.json()["field"] == "events"
+    recommend = client.post(
+        "/v1/recommend", content='{"user_id": "u1", "count": 5, "count": 50}', headers=headers
+    )
+    assert recommend.status_code == 422 and recommend.json()["field"] == "count"
+    # Ids with colons take the full check, and pass it when nothing repeats.
+    colons = client.post(
+        "/v1/recommend", content='{"user_id": "tenant:u1", "candidates": ["a:b", "c:d"]}',
+        headers=headers,
+    )
+    assert colons.status_code == 200, colons.text
+
+
+def test_an_unknown_recommendation_id_keeps_the_event_without_it_and_says_so(
+    client: TestClient,
+) -> None:
+    """An id the service issued stays on the event (the served-log join needs it); one it
+    never issued is dropped, the event kept, a warning given and the metric counted."""
+    put_videos(client, [video_json(video_id="v1")])
+    issued = client.post("/v1/recommend", json={"user_id": "u1"}).json()["recommendation_id"]
+    forged = ("0" * 24 + issued[24:]) if issued[:24] != "0" * 24 else "1" * 32
+    body = {"events": [
+        event_json(event_id="ours", recommendation_id=issued),
+        event_json(event_id="made-up", recommendation_id="r1"),
+        event_json(event_id="forged", recommendation_id=forged),
+        event_json(event_id="none"),
+    ]}
+    response = client.post("/v1/events", json=body, headers=KEY)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["accepted"] == 4 and result["errors"] == []
+    assert [(w["index"], w["id"], w["field"]) for w in result["warnings"]] == [
+        (1, "made-up", "recommendation_id"), (2, "forged", "recommendation_id")
+    ]
+    assert "kept without it" in result["warnings"][0]["message"]
+    log = service_of(client).resources.event_log
+    with log.consumer("test-reader") as consumer:
+        consumer.seek_to_beginning()
+        kept = {r.event.event_id: r.event.recommendation_id for r in consumer.poll(100, 1.0)}
+    assert kept == {"ours": issued, "made-up": None, "forged": None, "none": None}
+    assert "vidrec_unknown_recommendation_ids_total 2.0" in client.get("/metrics").text
+
+
+def test_an_id_says_whether_its_response_was_logged(client: TestClient) -> None:
+    """Readers of the served log wait for a record only when the id says one was written
+    (a model ranked the response); a fallback's id says none was."""
+    put_videos(client, [video_json(video_id="v1")])
+    fallback = client.post("/v1/recommend", json={"user_id": "u1"}).json()
+    assert fallback["fallback_reason"] == "no_model"
+    assert not logged_response(fallback["recommendation_id"])
+    with_model(client)
+    ranked = client.post("/v1/recommend", json={"user_id": "u1"}).json()
+    assert ranked["model_version"] is not None and ranked["fallback_reason"] != "no_model"
+    assert logged_response(ranked["recommendation_id"])
+    ids = service_of(client).recommender.ids
+    assert ids.issued(ranked["recommendation_id"]) and ids.issued(fallback["recommendation_id"])
+    forged = "1" + fallback["recommendation_id"][1:]  # the kind is under the tag too
+    assert not ids.issued(forged)
 
 
 def test_bad_video_batch_keeps_good_videos(client: TestClient) -> None:

@@ -97,6 +97,8 @@ def test_overview_fills_under_traffic(live: TestClient) -> None:
     assert {"auc", "baseline_auc", "logloss", "baseline_logloss"} <= set(training["points"][-1])
     heads = {"negative_auc", "negative_baseline_auc", "watch_spearman", "watch_mae"}
     assert heads <= set(training["points"][-1]) and heads <= set(training["latest"])
+    join = training["served_join"]  # the trainer's served-log join, by outcome
+    assert {"joined", "missing", "late", "unknown", "other_schema"} <= set(join)
     serving = o["serving"]
     assert serving["provider"] is None or serving["provider"].endswith("ExecutionProvider")
     assert [s["stage"] for s in serving["stages"]] == [

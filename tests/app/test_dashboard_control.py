@@ -18,6 +18,7 @@ from feature_store.control import (
     MemoryChannel,
     RedisChannel,
 )
+from tests.app.conftest import wait_for
 from trainer.control import ControlListener
 
 
@@ -124,6 +125,28 @@ def test_listener_acknowledges_and_carries_out_each_command(channel: ControlChan
         still = channel.send(Command("status"))  # the listener goes on after a failure
         assert (a := channel.wait(still, 5.0)) is not None and a.status == "done"
     assert trainer.state == "running"
+
+
+class FollowerTrainer(FakeTrainer):
+    """A member of a group whose exporter lease another member holds."""
+
+    def status(self) -> dict[str, Any]:
+        return {**super().status(), "exporter": False}
+
+
+def test_only_the_groups_exporter_answers_export_now(channel: ControlChannel) -> None:
+    leader, follower = FakeTrainer(), FollowerTrainer()
+    with (
+        ControlListener(channel, follower, poll_s=0.1),
+        ControlListener(channel, leader, poll_s=0.1),
+    ):
+        export = channel.send(Command("export"))
+        ack = channel.wait(export, 5.0)
+        assert ack is not None and ack.status == "done"
+        pause = channel.send(Command("pause"))  # every member still pauses
+        wait_for(lambda: len([a for a in channel.acks(pause) if a.status == "done"]) == 2)
+    assert leader.exports == [True] and follower.exports == []
+    assert len([a for a in channel.acks(export) if a.status == "accepted"]) == 1
 
 
 def test_retrain_without_a_retrainer_fails_with_a_reason(channel: ControlChannel) -> None:

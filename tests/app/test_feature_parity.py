@@ -13,8 +13,6 @@ histories and contexts:
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -41,12 +39,15 @@ from feature_store.features import (
 )
 from feature_store.features.dense import DenseInputs
 from feature_store.features.sources import Scope
+from feature_store.recommendation_ids import RecommendationIds
 from feature_store.served import decode_served, encode_served
 from feature_store.settings import Settings
 from tests.feature_checks import assert_same_features
 from trainer.served import ServedJoin
 
 TS = 1_763_700_000_000
+REC = [RecommendationIds.for_key("parity").issue(logged=True) for _ in range(3)]
+"""Ids of logged responses, as the service issues them."""
 SEEDS = range(12)
 
 
@@ -171,7 +172,7 @@ def test_the_served_log_carries_the_values_scored(seed: int) -> None:
     order = np.argsort(-scores)
     writer = ServedLogWriter(None, settings.served_log, layout_of(schema), Metrics())  # type: ignore[arg-type]
     version = "main-20260101T000000-00000"  # the trainer's family: its score is the prediction
-    served = Served("rec1", "u1", TS, version, context, [v.video_id for v in videos],
+    served = Served(REC[0], "u1", TS, version, context, [v.video_id for v in videos],
                     ["covisit"] * len(videos), scores, order, scored)
     record = writer.to_record(served)
     assert decode_served(encode_served(record), 128).items == record.items
@@ -179,15 +180,14 @@ def test_the_served_log_carries_the_values_scored(seed: int) -> None:
     with MemoryEventLog(settings, stream=stream_spec(settings, "served")) as log:
         log.produce([record])
         join = ServedJoin(log, settings.served_log, FeatureExtractor(schema))
-        join.catch_up(int(time.time() * 1000))
         shown = [  # the client shows the items and reports them with the request's context
             Event(event_id=f"i{k}", user_id="u1", video_id=videos[r].video_id,
-                  type="impression", ts=TS + 1, recommendation_id="rec1", context=context)
+                  type="impression", ts=TS + 1, recommendation_id=REC[0], context=context)
             for k, r in enumerate(order[:15].tolist())
         ]
         found, values, served_scores = join.moments(shown)
         join.close()
-    assert found == list(range(15)) and join.joined == 15
+    assert found == list(range(15)) and join.counts["joined"] == 15
     shown_at = [
         context if context.position is not None else context.model_copy(update={"position": k})
         for k in range(15)
@@ -210,29 +210,28 @@ def test_a_joined_impression_adds_the_position_it_was_shown_at() -> None:
     ))
     videos, stats, history, _ = random_world(rng, n=5)
     request = EventContext(device="tv")
-    settings = Settings()
+    settings = Settings(served_log={"join_lookahead_ms": 0})
     serving = RequestFeatureExtractor(schema)
     scored = serving.extract_request("u1", TS, request, history, videos, stats)
     writer = ServedLogWriter(None, settings.served_log, layout_of(schema), Metrics())  # type: ignore[arg-type]
-    record = writer.to_record(Served("rec2", "u1", TS, "m1", request, [v.video_id for v in videos],
+    record = writer.to_record(Served(REC[1], "u1", TS, "m1", request, [v.video_id for v in videos],
                                      ["fresh"] * 5, np.linspace(1, 0, 5), np.arange(5), scored))
     with MemoryEventLog(settings, stream=stream_spec(settings, "served")) as log:
         log.produce([record])
         join = ServedJoin(log, settings.served_log, FeatureExtractor(schema))
-        join.catch_up(int(time.time() * 1000))
         events = [
             Event(event_id="a", user_id="u1", video_id="v3", type="impression", ts=TS,
-                  recommendation_id="rec2"),  # no context: the served position, 3
+                  recommendation_id=REC[1]),  # no context: the served position, 3
             Event(event_id="b", user_id="u1", video_id="v1", type="impression", ts=TS,
-                  recommendation_id="rec2", context=EventContext(position=12, device="phone")),
+                  recommendation_id=REC[1], context=EventContext(position=12, device="phone")),
             Event(event_id="c", user_id="u2", video_id="v1", type="impression", ts=TS,
-                  recommendation_id="rec2"),  # another user's record: not trusted
+                  recommendation_id=REC[1]),  # another user's record: not trusted
             Event(event_id="d", user_id="u1", video_id="v1", type="impression", ts=TS,
-                  recommendation_id="unknown"),
+                  recommendation_id=REC[2]),
         ]
         found, values, _ = join.moments(events)
         join.close()
-    assert found == [0, 1] and (join.mismatched, join.missing) == (1, 1)
+    assert found == [0, 1] and (join.counts["unknown"], join.counts["missing"]) == (1, 1)
     extractor = FeatureExtractor(schema)
     want = extractor.values([
         FeatureRow("u1", "v3", TS, videos[3], EventContext(device="tv", position=3)),

@@ -63,6 +63,9 @@ def stack_env(data_dir: Path, redis_url: str, bootstrap: str, namespace: str) ->
         "VIDREC_TRAINER__THREADS": "1",
         "VIDREC_API__FALLBACK_REFRESH_S": "0.5",
         "VIDREC_API__MODEL_POLL_INTERVAL_S": "0.5",
+        # Outages, not overload: on a loaded machine a scoring can outlast the 250 ms
+        # default, and its deadline answer would read as an outage's degraded one.
+        "VIDREC_API__RECOMMEND_DEADLINE_MS": "30000",
     }
 
 

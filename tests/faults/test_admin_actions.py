@@ -2,9 +2,10 @@
 
 41 such actions used to block ``/healthz`` and ``POST /v1/events`` for a
 minute (each held a web worker thread). Now 100 wait at once while health
-and ingest answer (the bound is generous: the benchmark prints the p99), a
-101st is refused with 429, and an id names one action: resent with the same
-body it answers the first outcome, with another action it is refused (409).
+and ingest answer (answers that arrive while every action still waits; how
+fast is the benchmark's to say: it prints the p99), a 101st is refused with
+429, and an id names one action: resent with the same body it answers the
+first outcome, with another action it is refused (409).
 """
 
 from __future__ import annotations
@@ -42,14 +43,12 @@ async def _pending_actions_and_probes(url: str, runner: Any) -> dict[str, Any]:
         out["over"] = await http.post("/dashboard/api/actions/export", json={}, headers=KEY)
         n = 0
         while not all(task.done() for task in actions):
-            started = time.monotonic()
             health = await http.get("/healthz")
-            out["health"].append((health.status_code, time.monotonic() - started))
+            out["health"].append((health.status_code, runner.pending == PENDING))
             event = {"event_id": f"pa{n}", "user_id": "u1", "video_id": "v1", "type": "finish",
                      "ts": int(time.time() * 1000)}
-            started = time.monotonic()
             posted = await http.post("/v1/events", json={"events": [event]}, headers=KEY)
-            out["events"].append((posted.status_code, time.monotonic() - started))
+            out["events"].append((posted.status_code, runner.pending == PENDING))
             n += 1
             await asyncio.sleep(0.05)
         out["actions"] = [task.result() for task in actions]
@@ -81,7 +80,10 @@ def test_pending_actions_are_bounded_and_block_neither_health_nor_ingest(tmp_pat
     assert len(out["health"]) >= 10, "the probes did not run while actions waited"
     assert {status for status, _ in out["health"]} == {200}
     assert {status for status, _ in out["events"]} == {200}
-    assert max(seconds for _, seconds in out["health"] + out["events"]) < 1.0
+    # Answered while all 100 still waited (each probe is read as it completes): waiting
+    # actions hold nothing health or ingest need.
+    for probe in ("health", "events"):
+        assert sum(waiting for _, waiting in out[probe]) >= 3, probe
     again = out["again"]
     assert again.status_code == 200 and again.json()["status"] == "timeout"
     assert again.json()["ts_ms"] == out["actions"][0].json()["ts_ms"], "not the first outcome"

@@ -9,6 +9,8 @@ half the session timeout, capped at 3 s).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -20,7 +22,7 @@ import pytest
 from feature_store.constants import events_topic
 from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog import ConsumedEvent, EventConsumer, EventLog, Position, open_event_log
-from feature_store.events import Event
+from feature_store.events import Event, encode_event
 from feature_store.settings import EventLogSettings, KafkaSettings, Settings
 from tests.factories import make_event
 from tests.services import TansuBroker, free_port
@@ -254,8 +256,11 @@ def test_poisoned_records_are_dead_lettered_and_consumption_goes_on(make_log: Ma
     missing_field = good_before.model_dump(mode="json")
     del missing_field["video_id"]
     unknown_type = good_before.model_dump(mode="json") | {"type": "teleport"}
+    encoded = encode_event(good_before)
+    repeated_user = encoded.replace(b'"user_id":', b'"user_id":"someone-else","user_id":', 1)
     poison = [
         (b"\xff\x00not json at all", "JSON"),
+        (repeated_user, "user_id: key given twice"),  # parsers disagree on whose event it is
         (json.dumps(unknown_type).encode(), "teleport"),
         (json.dumps(missing_field).encode(), "video_id"),
         (b'{"padding": "' + b"x" * 2000 + b'"}', "max_record_bytes"),
@@ -314,6 +319,32 @@ def test_a_bad_record_is_dead_lettered_once_per_group_naming_it_and_committed_pa
             assert again.dead_lettered == 0
             assert sum(again.lag().values()) == 0, "the bad records were not committed past"
     assert log.dead_letter_count() == 4
+
+
+def test_a_member_reading_behind_its_groups_commit_skips_the_bad_records_there(
+    make_log: MakeLog,
+) -> None:
+    """A restart's warm-up (the experiment feed seeks back by time) or a retrain seeking to
+    its start again re-reads what the group passed: its bad records were dead-lettered
+    then, and are not again; a group that never passed them dead-letters them once."""
+    log = make_log()
+    good = make_event(user_id="victim")
+    log.produce([good])
+    log.produce_raw(b"victim", b"\xffbroken")
+    with log.consumer("feed") as feed:
+        first = drain(feed, 1)
+        assert ids(first) == [good.event_id] and quiet(feed) == []
+        feed.commit([Position(first[0].partition, first[0].offset + 1)])  # and past the bad one
+    assert log.dead_letter_count() == 1
+    with log.consumer("feed") as again:
+        assert again.wait_for_assignment(10)
+        again.seek_to_beginning()
+        assert ids(drain(again, 1)) == [good.event_id] and quiet(again) == []
+        assert again.dead_lettered == 0
+    with log.consumer("another") as other:  # never passed it: its own entry, once
+        assert ids(drain(other, 1)) == [good.event_id] and quiet(other) == []
+        assert other.dead_lettered == 1
+    assert sorted(letter.group for letter in log.dead_letters()) == ["another", "feed"]
 
 
 def test_lag_counts_unconsumed_records(make_log: MakeLog) -> None:
@@ -380,4 +411,63 @@ def test_a_second_kafka_log_on_existing_topics_shares_them(kafka_broker: TansuBr
         assert sum(second.end_offsets().values()) == 6
     finally:
         for log in make_log.opened:
+            log.close()
+
+
+def wait_until_stopped(pid: int, timeout_s: float = 10) -> None:
+    """Until every thread of ``pid`` is stopped (SIGSTOP reaches a busy thread a moment
+    later: until then it may still answer a request)."""
+    deadline = time.monotonic() + timeout_s
+    tasks = f"/proc/{pid}/task"
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(tasks):
+            with open(f"{tasks}/{task}/stat") as fh:
+                states.append(fh.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+@pytest.mark.kafka
+def test_a_silent_broker_is_marked_down_only_after_its_whole_budget_and_probed_back() -> None:
+    """A produce that gave up at its caller's nearer deadline says nothing of the broker
+    (under load that refused the next posts too); one that waited the whole
+    ``produce_timeout_ms`` does. While down every produce is refused at once, none is a
+    trial paying the budget, and a background probe brings the log back."""
+    with TansuBroker() as broker:
+        settings = Settings(
+            event_log=EventLogSettings(backend="kafka", topic_namespace="silent"),
+            kafka=KafkaSettings(bootstrap_servers=broker.bootstrap, partitions=2,
+                                produce_timeout_ms=500, **GROUP_TIMINGS),
+        )
+        log = open_event_log(settings)
+        try:
+            log.produce([make_event()], timeout_s=10)  # connected, metadata known
+            assert broker.process is not None
+            os.kill(broker.process.pid, signal.SIGSTOP)  # up, but answers nothing
+            try:
+                wait_until_stopped(broker.process.pid)
+                with pytest.raises(EventLogUnavailable):
+                    log.produce([make_event()], timeout_s=0.1)
+                assert log.breaker.up
+                with pytest.raises(EventLogUnavailable):
+                    log.produce([make_event()], timeout_s=0.5)
+                assert not log.breaker.up
+                refused = 0
+                window = time.monotonic() + 1.0  # half-open trials came every 0.25 s
+                while time.monotonic() < window:
+                    with pytest.raises(EventLogUnavailable, match="the broker is down"):
+                        log.produce([make_event()], timeout_s=0.5)
+                    refused += 1
+                assert refused > 10
+            finally:
+                os.kill(broker.process.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 30
+            while not log.breaker.up and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert log.breaker.up, "the probe did not bring the broker back"
+            log.produce([make_event()], timeout_s=10)
+        finally:
             log.close()

@@ -18,6 +18,7 @@ from feature_store.eventlog.base import ConsumedEvent
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
 from tests.factories import make_event
+from tests.trainer.helpers import wait_until
 from trainer.distributed import GroupSync, dense_tensors, open_group_sync
 
 pytestmark = pytest.mark.redis
@@ -60,6 +61,39 @@ def test_a_new_owner_skips_what_the_old_one_trained(client: redis.Redis) -> None
     ]  # fmt: skip
     assert new.skipped == len(batch) - len(kept)
     assert new.unclaimed(batch, [0, 1]) == []  # only the indices asked about
+
+
+def test_one_member_holds_the_exporter_lease_until_it_leaves_or_dies(
+    client: redis.Redis,
+) -> None:
+    first = GroupSync(client, "g", member="first", averaging=False, lease_ttl_s=0.5)
+    second = GroupSync(client, "g", member="second", averaging=False, lease_ttl_s=0.5)
+    assert first.leads() and not second.leads()
+    assert not first.due(), "averaging is trainer.group_sync's"
+    first.leave()  # a graceful stop frees it: the other takes it when it next asks
+    assert _asks(second)
+    # The holder dies (stops renewing): the lease expires and the other takes it.
+    assert not _asks(first)
+    wait_until(lambda: _asks(first), 10, "the lease to expire")
+    assert first.status()["exporter"] is True and not _asks(second)
+
+
+def _asks(sync: GroupSync) -> bool:
+    """``leads()`` asking Redis, not the member's cache of its last answer."""
+    sync._lease_checked = float("-inf")
+    return sync.leads()
+
+
+def test_the_towers_are_averaged_with_the_ranker(client: redis.Redis) -> None:
+    clock = Clock()
+    pairs = [nn.ModuleList([nn.Linear(3, 2), nn.Linear(4, 4)]) for _ in range(2)]
+    for value, pair in enumerate(pairs):
+        for t in dense_tensors(pair):
+            torch.nn.init.constant_(t, float(value))
+    syncs = [GroupSync(client, "g", member=f"m{i}", every_s=1.0, clock=clock) for i in range(2)]
+    syncs[0].average(pairs[0], samples=1)
+    assert syncs[1].average(pairs[1], samples=1) == 1
+    assert all(torch.allclose(t, torch.full_like(t, 0.5)) for t in dense_tensors(pairs[1][1]))
 
 
 def test_members_average_their_dense_networks(client: redis.Redis) -> None:

@@ -69,6 +69,9 @@ def _env(cluster_url: str, broker: TansuBroker, namespace: str) -> dict[str, str
         "VIDREC_KAFKA__HEARTBEAT_INTERVAL_MS": "200",
         "VIDREC_KAFKA__MAX_POLL_INTERVAL_MS": "20000",
         "VIDREC_KAFKA__REQUEST_TIMEOUT_MS": "5000",
+        # Answers, not speed: on a loaded machine a scoring (Redis Cluster reads, two
+        # trainers beside it) can outlast the 250 ms default and be answered degraded.
+        "VIDREC_API__RECOMMEND_DEADLINE_MS": "30000",
     }
 
 

@@ -87,12 +87,22 @@
       ["negative head AUC (skip, dislike)", `${num(l.negative_auc)} / pop. ${num(l.negative_baseline_auc)}`, "kpi-negative-auc"],
       ["watch head rank corr. (MAE)", `${num(l.watch_spearman)} (${num(l.watch_mae)}) / pop. ${num(l.watch_baseline_spearman)}`, "kpi-watch-spearman"],
       ["last export", t.last_version || "–"],
+      ["served-log join", joinText(t.served_join), "kpi-served-join"],
     ]);
     for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
     trim(hist.training);
     const lag = t.lag_per_partition || {};
     table($("lag-table"), ["partition", "lag"], Object.entries(lag).map(([p, v]) => `<tr><td>${esc(p)}</td><td>${int(v)}</td></tr>`));
     drawTraining();
+  }
+
+  // Events naming a recommendation, by what the trainer's join made of them (trainer/served.py).
+  function joinText(j) {
+    if (!j) return "–";
+    const named = ["joined", "missing", "late", "unknown", "other_schema"].reduce((n, k) => n + (j[k] || 0), 0);
+    if (!named) return "no events named a recommendation yet";
+    return `${pct(j.joined / named)} joined · ${int(j.missing)} missing · ${int(j.late)} late · ${int(j.unknown)} unknown` +
+      (j.other_schema ? ` · ${int(j.other_schema)} other schema` : "");
   }
 
   function series(list, field) { return list.map((p) => [p.ts_ms, p[field]]); }

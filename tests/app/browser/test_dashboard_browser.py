@@ -69,6 +69,7 @@ def test_charts_fill_under_traffic(page: Any, live_url: str) -> None:
             arg=chart, timeout=60_000,
         )
     assert page.text_content("#kpi-trainer-state") == "running"
+    assert page.text_content("#kpi-served-join") not in (None, "", "–")
     assert page.locator("#tables-table tbody tr").count() >= 2
     assert page.locator("#lag-table tbody tr").count() == 4
 

@@ -1,0 +1,101 @@
+"""Trainers added and removed under traffic: every event trained exactly once.
+
+The production topology (``stack.py``): ``vidrec serve``, trainers in one
+consumer group with ``trainer.group_sync``, a redis-server, the durable
+broker with 8 partitions. A client posts plays throughout while the group
+goes from one trainer (started alone, without ``group_sync``) to two, to
+three, and back to one: the leaving ones stopped gracefully (SIGTERM), or
+SIGKILLed. Then every acknowledged event
+must be in exactly one trainer's audit (its checkpoints' segments, or the
+journal of batches pushed since), and the per-video counters the trainers
+keep must equal the events posted per video (issue #22: going from one
+trainer to two trained 174 events twice).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from feature_store.constants import VIDEO_STATS
+from tests.production.stack import (
+    Production,
+    TrainerProcess,
+    production_env,
+    seed_catalog,
+    wait_until,
+)
+from tests.production.traffic import Plays
+from tests.services import TansuBroker
+
+pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.slow]
+
+GROUP_ENV = {
+    "VIDREC_TRAINER__GROUP_SYNC": "true",
+    "VIDREC_TRAINER__DENSE_SYNC_EVERY_S": "1",
+    "VIDREC_TRAINER__EXPORT_EVERY_S": "0",
+}
+
+
+def _more(plays: Plays, count: int, what: str) -> None:
+    target = len(plays.acked) + count
+    wait_until(lambda: len(plays.acked) >= target, 120, what)
+
+
+def _leave(trainer: TrainerProcess, how: str) -> None:
+    if how == "graceful":
+        assert trainer.stop() == 0
+    else:
+        trainer.kill()
+
+
+@pytest.mark.parametrize("how", ["graceful", "sigkill"])
+def test_one_to_two_to_three_to_one_trainers_train_each_event_once(
+    how: str, tmp_path: Path, redis_url: str, durable_broker: TansuBroker
+) -> None:
+    prod = Production(tmp_path, production_env(redis_url, durable_broker.bootstrap, **GROUP_ENV))
+    # The first runs as a lone trainer is deployed (no group_sync); the others join it.
+    one = prod.trainer("one", VIDREC_TRAINER__GROUP_SYNC="false")
+    two, three = prod.trainer("two"), prod.trainer("three")
+    try:
+        prod.start_serve()
+        videos = seed_catalog(prod.url, 30)
+        one.start()
+        with Plays(prod.url, videos) as plays:
+            _more(plays, 200, "traffic for one trainer")
+            wait_until(lambda: one.trained(), 120, "the first trainer to train")
+            two.start()  # 1 -> 2
+            _more(plays, 300, "traffic for two trainers")
+            wait_until(lambda: two.trained(), 120, "the second trainer to train")
+            three.start()  # 2 -> 3
+            _more(plays, 300, "traffic for three trainers")
+            wait_until(lambda: three.trained(), 120, "the third trainer to train")
+            _leave(two, how)  # 3 -> 1
+            _leave(three, how)
+            _more(plays, 300, "traffic for the last trainer")
+        assert not plays.errors, plays.errors[:5]
+        acked = Counter(event for event, _ in plays.acked)
+        assert max(acked.values()) == 1
+        wait_until(
+            lambda: set(acked) <= set(one.trained()) | set(two.trained()) | set(three.trained()),
+            180, "every event trained",
+        )
+        assert one.stop() == 0, prod.tail()
+        client = prod.redis()
+        try:
+            per_video = {v: int(client.hget(VIDEO_STATS + v, "plays") or 0) for v in videos}
+        finally:
+            client.close()
+    finally:
+        prod.close()
+
+    trained = Counter(one.trained()) + Counter(two.trained()) + Counter(three.trained())
+    twice = [e for e, n in trained.items() if n > 1]
+    print(f"{how}: {len(acked)} events; trained by one/two/three: {len(one.trained())}/"
+          f"{len(two.trained())}/{len(three.trained())}; twice: {len(twice)}")
+    assert set(trained) == set(acked), "an event was lost"
+    assert not twice, f"{len(twice)} events trained twice, e.g. {twice[:5]}"
+    posted = Counter(video for _, video in plays.acked)
+    assert per_video == {v: posted[v] for v in videos}, "the per-video counters disagree"
