@@ -277,7 +277,8 @@ class OnlineTrainer:
         lookup = self._retry(lambda: Lookup(self.resources.catalog, events))
         if self.served is not None and records:
             if self._fetcher is not None:
-                self._follow_served(self._fetcher.consumer, records)
+                consumer = self._fetcher.consumer  # the broker may still be starting: retried
+                self._retry(lambda: self._follow_served(consumer, records))
 
         def moments(positions: list[int]) -> Moments:
             return self.moments(
