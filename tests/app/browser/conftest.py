@@ -35,8 +35,11 @@ def chromium_path() -> str | None:
     return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """One Chromium for the browser tests. Package-scoped, not session-scoped: the sync
+    Playwright API keeps an asyncio loop running in the main thread while it is open,
+    and the tests after this package call ``asyncio.run`` there (the async client's)."""
     executable = chromium_path()
     if executable is None:
         pytest.skip("no chromium binary (apt-get install chromium; scripts/test does it)")
