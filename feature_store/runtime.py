@@ -258,8 +258,32 @@ def table_specs(schema: FeatureSchema, settings: Settings) -> list[Any]:
     dims = dict(schema.table_dims())
     if settings.retrieval.enabled:  # the two-tower model's own tables (tt_*)
         dims.update(Towers.from_settings(schema, settings.retrieval).tables)
-    specs = [TableSpec(name, dim, optimizer) for name, dim in dims.items()]
+    preset = text_presets(schema, settings, dims)
+    specs = [TableSpec(name, dim, optimizer, preset.get(name)) for name, dim in dims.items()]
     return [*specs, TableSpec(WIDE_TABLE, 1, "ftrl")]
+
+
+def text_presets(
+    schema: FeatureSchema, settings: Settings, dims: dict[str, int]
+) -> dict[str, dict[int, Any]]:
+    """Initial rows of the tables that hold title tokens, from ``features.text_vectors``
+    (:mod:`feature_store.features.text_vectors`); none without that file."""
+    path = settings.features.text_vectors
+    if path is None:
+        return {}
+    from feature_store.features.text_vectors import presets, read_vectors
+    from feature_store.retrieval_io import tower_table
+
+    words, vectors = read_vectors(path)
+    out: dict[str, dict[int, Any]] = {}
+    scale = settings.sparse.init_scale
+    for col in schema.multi_valued:
+        if col.source != "title_tokens":
+            continue
+        for table in (col.table_name(), tower_table(col.table_name())):
+            if table in dims:
+                out[table] = presets(words, vectors, col.space(), table, dims[table], scale)
+    return out
 
 
 def needs_redis(settings: Settings) -> bool:

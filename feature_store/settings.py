@@ -222,6 +222,11 @@ class FeatureSettings(_Section):
     """A play that ends below this watch ratio is a rejection: the trainer's negative
     label and a ``short`` entry in the user's history (between the two ratios a play
     says nothing)."""
+    text_vectors: Path | None = None
+    """A local file of word vectors (GloVe / word2vec text format, ``.gz`` allowed): the
+    title tokens' embedding rows start from them instead of at random
+    (``feature_store/features/text_vectors.py``). Read once at start; nothing is
+    downloaded."""
     user_attributes: bool = False
     """Add the user's age group, gender and occupation (from the event or request
     context, where clients send them) as columns, each crossed with the category.

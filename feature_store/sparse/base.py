@@ -37,7 +37,8 @@ Semantics shared by every backend (the same tests run against each):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
@@ -59,6 +60,8 @@ class TableSpec:
     dim: int
     """Floats per row (embedding dimension; 1 for wide weights)."""
     optimizer: OptimizerName
+    preset: Mapping[int, Rows] | None = field(default=None, compare=False, hash=False)
+    """Initial rows of some keys (``features.text_vectors``); the rest start at random."""
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ class ClusterSparseTable:
         self.optimizer = make_optimizer(spec.optimizer, settings)
         self.state_width = self.optimizer.state_width(spec.dim)
         self._initializer = Initializer(
-            spec.name, spec.dim, settings.init_scale, self.optimizer.zero_init
+            spec.name, spec.dim, settings.init_scale, self.optimizer.zero_init, spec.preset
         )
         self._threshold = settings.admission_threshold
         self._ttl_s = settings.ttl_s

@@ -27,6 +27,7 @@ serving default of a row that does not exist is zeros, never this function.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -55,14 +56,30 @@ def uniform_rows(keys: Keys, seed: int, dim: int, scale: float) -> Rows:
 class Initializer:
     """Initial weights of new rows of one table."""
 
-    def __init__(self, table_name: str, dim: int, scale: float, zero: bool) -> None:
+    def __init__(
+        self,
+        table_name: str,
+        dim: int,
+        scale: float,
+        zero: bool,
+        preset: Mapping[int, Rows] | None = None,
+    ) -> None:
         self.seed = table_seed(table_name)
         self.dim = dim
         self.scale = scale
         self.zero = zero
         """FTRL tables start at 0: the wide part begins as 'no opinion'."""
+        self.preset = preset or {}
+        """Rows some keys start from instead (pretrained word vectors: the same in every
+        process that read the same file, so the rule above still holds)."""
 
     def __call__(self, keys: Keys) -> Rows:
         if self.zero or self.scale == 0.0:
             return np.zeros((len(keys), self.dim), dtype=np.float32)
-        return uniform_rows(keys, self.seed, self.dim, self.scale)
+        rows = uniform_rows(keys, self.seed, self.dim, self.scale)
+        if self.preset:
+            for i, key in enumerate(keys.tolist()):
+                found = self.preset.get(key)
+                if found is not None:
+                    rows[i] = found
+        return rows
