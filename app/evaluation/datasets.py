@@ -13,8 +13,9 @@ rating     events (after an ``impression``)
 >= 4.5     ``play`` with watch ratio 1.0, ``finish``, ``like``
 >= 4       ``play`` with watch ratio 0.9, ``finish``
 >= 2.5     ``play`` with watch ratio 0.3 (ambiguous under the default
-           label policy: no sample, but it enters the history; a
-           negative under the evaluation's ``rating >= 4`` policy)
+           label policy: no sample and no history entry; a negative,
+           and a ``short`` history entry, under the evaluation's
+           ``rating >= 4`` policy)
 >= 1.5     ``play`` with watch ratio 0.05 (a short play: negative)
 < 1.5      ``skip``, ``dislike``
 =========  ============================================================
@@ -23,10 +24,14 @@ A half-star 3.5 (ml-latest) is below 4, so it maps like a 3: "liked" means
 ``rating >= 4`` exactly, in replays and in ``vidrec eval`` alike.
 
 Every movie is a video of 100 minutes (MovieLens has no lengths); its
-category is its first genre, its tags all of its genres, and its "creator"
+category is its first genre, its tags all of its genres, its "creator"
 the decade of its release (MovieLens names no studio; the decade is a coarse
-stand-in). Event ids are ``ml-<user>-<item>-<k>``, so a replay twice is
-deduplicated by the trainer.
+stand-in), its title the title without the year, and its upload time its
+release date (ml-100k's ``u.item``; January 1st of the title's year for
+ml-latest), shifted like the ratings and never later than a day before its
+first rating (a movie without a date: a day before the first rating of all).
+Event ids are ``ml-<user>-<item>-<k>``, so a replay twice is deduplicated by
+the trainer.
 
 Order: event time; ratings are ordered by ``(ts, user, item)`` (ids compared
 as numbers) and their events then stably sorted by time, so equal times keep
@@ -48,7 +53,7 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -130,7 +135,9 @@ def _decade(year: int | None) -> str:
     return f"decade-{year // 10 * 10}s" if year else "decade-unknown"
 
 
-def read_ml100k(directory: Path) -> tuple[list[Rating], list[Video]]:
+def read_ml100k(directory: Path) -> tuple[list[Rating], list[Video], dict[str, int]]:
+    """Ratings, movies and their release dates (ms, by video id) of an ml-100k directory."""
+    releases: dict[str, int] = {}
     ratings = []
     with open(directory / "u.data", encoding="latin-1") as fh:
         for line in fh:
@@ -149,7 +156,10 @@ def read_ml100k(directory: Path) -> tuple[list[Rating], list[Video]]:
             ]
             released = _parse_date(parts[2])
             videos.append(_video(parts[0], genres, released, title=parts[1]))
-    return ratings, videos
+            release = _release_ms(released, None)
+            if release is not None:
+                releases[videos[-1].video_id] = release
+    return ratings, videos, releases
 
 
 
@@ -179,11 +189,13 @@ def _video(
         category=_tag(genres[0])[:64],
         tags=tuple(dict.fromkeys(_tag(g)[:64] for g in genres))[:16],
         duration_ms=MOVIE_MS,
-        uploaded_at=0,  # set from the ratings' shift by the caller
+        uploaded_at=0,  # set from the release and the ratings' shift by the caller
     )
 
 
-def read_ml_latest(directory: Path) -> tuple[list[Rating], list[Video]]:
+def read_ml_latest(directory: Path) -> tuple[list[Rating], list[Video], dict[str, int]]:
+    """Ratings, movies and their release years (ms of January 1st, by video id)."""
+    releases: dict[str, int] = {}
     ratings = []
     with open(directory / "ratings.csv", newline="") as fh:
         for row in csv.DictReader(fh):
@@ -197,11 +209,14 @@ def read_ml_latest(directory: Path) -> tuple[list[Rating], list[Video]]:
             match = re.search(r"\((\d{4})\)\s*$", row.get("title", ""))
             listed = row.get("genres", "").split("|")
             genres = [g for g in listed if g and g != "(no genres listed)"]
+            year = int(match.group(1)) if match else None
             videos.append(
-                _video(row["movieId"], genres or ["unknown"], None,
-                       int(match.group(1)) if match else None, row.get("title", ""))
+                _video(row["movieId"], genres or ["unknown"], None, year, row.get("title", ""))
             )
-    return ratings, videos
+            release = _release_ms(None, year)
+            if release is not None:
+                releases[videos[-1].video_id] = release
+    return ratings, videos, releases
 
 
 def detect_format(path: Path) -> str:
@@ -232,19 +247,43 @@ def read_movielens(
     otherwise each rating is mapped per the module doc's table.
     """
     if (directory / "u.data").is_file():
-        ratings, videos = read_ml100k(directory)
+        ratings, videos, releases = read_ml100k(directory)
     else:
-        ratings, videos = read_ml_latest(directory)
+        ratings, videos, releases = read_ml_latest(directory)
     ratings = _sorted(ratings)
     if not ratings:
         return MovieLens([], videos, 0)
     shift = time_shift(ratings[0].ts_ms, ratings[-1].ts_ms, min_ts_ms, now_ms)
-    uploaded = ratings[0].ts_ms + shift - _DAY_MS
-    videos = [v.model_copy(update={"uploaded_at": uploaded}) for v in videos]
+    videos = _uploaded(videos, releases, ratings, shift)
     to_events = interaction_event if implicit else rating_events
     events = [e for r in ratings for e in to_events(r, shift)]
     events.sort(key=lambda e: e.ts)  # stable: equal times keep (user, item, k) order
     return MovieLens(events, videos, shift)
+
+
+def _uploaded(
+    videos: list[Video], releases: dict[str, int], ratings: list[Rating], shift: int
+) -> list[Video]:
+    """``videos`` uploaded at their release (``releases``: ms, unshifted) shifted like the
+    ratings, at most a day before each one's first rating (see the module doc)."""
+    first_rated: dict[str, int] = {}
+    for r in ratings:
+        first_rated.setdefault(f"ml{r.item}", r.ts_ms)
+    fallback = ratings[0].ts_ms + shift - _DAY_MS
+    out = []
+    for v in videos:
+        latest = first_rated.get(v.video_id, ratings[0].ts_ms) + shift - _DAY_MS
+        release = releases.get(v.video_id)
+        uploaded = fallback if release is None else min(release + shift, latest)
+        out.append(v.model_copy(update={"uploaded_at": max(0, uploaded)}))
+    return out
+
+
+def _release_ms(released: datetime | None, year: int | None) -> int | None:
+    """A release date (or January 1st of the year) in ms since the epoch, UTC."""
+    if released is None and year is not None:
+        released = datetime(year, 1, 1)
+    return int(released.replace(tzinfo=UTC).timestamp() * 1000) if released else None
 
 
 def movielens_events(
