@@ -1,8 +1,8 @@
 """Why each item was shown: what ``explain: true`` on a recommend request adds.
 
-Built from what the request computed anyway (the pool's proposers, the bonus
-terms, the rerank's trace) plus one more model run for every head's
-prediction, so an engineer can answer "why was this video shown to this
+Built from what the request computed anyway (the pool's proposers, every
+head's prediction from the one model run, the bonus terms, the rerank's
+trace), so an engineer can answer "why was this video shown to this
 user" from the response alone: which sources proposed it, what each ranking
 head predicted, how the heads were fused, what the two-tower and
 co-visitation terms added to the ranking, and what the rerank did (a new

@@ -59,7 +59,7 @@ from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
-from feature_store.features.batch import BatchFeatures, Indices
+from feature_store.features.batch import Indices
 from feature_store.log_summary import LogSummary
 from feature_store.recommendation_ids import RecommendationIds
 from feature_store.redis_errors import REDIS_FAILURES
@@ -220,8 +220,9 @@ class Recommender:
             return self._respond(found, np.zeros(len(found.ids)), order, None, "no_model")
         reason = None if history or request.candidates is not None else "unknown_user"
         fusion = assigned.fusion if assigned is not None else None
+        heads: dict[str, np.ndarray] | None = {} if request.explain else None
         scores, features = self.scorer.score_rows(
-            model, request.user_id, now_ms, request.context, history, found.rows, fusion
+            model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads
         )
         if self.pool_observer is not None:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
@@ -230,8 +231,8 @@ class Recommender:
         ranked = self._rank(request, query, found, scores, affinity, count, model, fusion)
         order = ranked.order
         explained = None
-        if request.explain and features is not None:
-            explained = self._explain(found, ranked, scores, model, features, fusion)
+        if heads is not None:
+            explained = self._explain(found, ranked, scores, heads, fusion)
         logged = self.served_log is not None and features is not None
         response = self._respond(found, ranked.scores, order, model.version, reason, assigned,
                                  explained, logged)
@@ -339,12 +340,10 @@ class Recommender:
         found: Found,
         ranked: Ranked,
         model_scores: np.ndarray,
-        model: LoadedModel,
-        features: BatchFeatures,
+        heads: dict[str, np.ndarray],
         fusion: Fusion | None,
     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Per item and for the response, why it was shown (:mod:`app.explain`)."""
-        heads = self.scorer.head_scores(model, features)
         items = explanations(
             ranked.order, found.pool.proposers, found.ids, heads, model_scores,
             ranked.scores, ranked.terms, ranked.trace,

@@ -63,8 +63,8 @@ class RecommendRequest(_Request):
     filters: Filters = Filters()
     explain: bool = False
     """Add an ``explanation`` to each item and to the response: why it was shown (its
-    sources, each head's probability, the bonus terms, what the rerank did). Costs a
-    second model run; for debugging and support tools, not every request."""
+    sources, each head's probability, the bonus terms, what the rerank did). Costs every
+    head's output and a larger response; for debugging and support tools."""
 
 
 class RerankNote(_Response):

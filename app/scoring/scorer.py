@@ -114,25 +114,20 @@ class Scorer:
         rows: dict[str, npt.NDArray[np.float32]],
         wide: npt.NDArray[np.float32],
         fusion: Fusion | None = None,
+        heads: dict[str, npt.NDArray[np.float32]] | None = None,
     ) -> npt.NDArray[np.float32]:
-        """One ONNX run over the batch padded to its bucket; fused scores of the real rows."""
+        """One ONNX run over the batch padded to its bucket; fused scores of the real rows.
+        ``heads``: filled with every head's prediction (an explained request)."""
         padded = pad_batch(batch, model.bucket(batch.batch_size))
         feed = model_io.build_feed(self.schema, padded, rows, wide)
         fusion = fusion or self.fusion
-        if fusion.identity:
+        if fusion.identity and heads is None:
             return model.run(feed)[: batch.batch_size]
         n = batch.batch_size
-        return fusion.fuse({h: p[:n] for h, p in model.run_heads(feed).items()})
-
-    def head_scores(
-        self, model: LoadedModel, batch: BatchFeatures
-    ) -> dict[str, npt.NDArray[np.float32]]:
-        """Every head's prediction for the rows of ``batch`` (an explanation's second run)."""
-        rows, wide = self.pull(batch, model)
-        padded = pad_batch(batch, model.bucket(batch.batch_size))
-        feed = model_io.build_feed(self.schema, padded, rows, wide)
-        n = batch.batch_size
-        return {head: p[:n] for head, p in model.run_heads(feed).items()}
+        every = {h: p[:n] for h, p in model.run_heads(feed).items()}
+        if heads is not None:
+            heads.update(every)
+        return fusion.fuse(every)
 
     def select(
         self, video_ids: Sequence[str], keep: CandidateFilter, cap: int
@@ -161,15 +156,17 @@ class Scorer:
         history: Sequence[HistoryEntry],
         rows: Indices,
         fusion: Fusion | None = None,
+        heads: dict[str, npt.NDArray[np.float32]] | None = None,
     ) -> tuple[npt.NDArray[np.float32], BatchFeatures | None]:
         """:meth:`score` for rows of this thread's video table (from :meth:`select`), with
         the features scored (None for no rows), which the served log records. ``fusion``:
-        the request's weights over the heads (an experiment arm's), else the scorer's."""
+        the request's weights over the heads (an experiment arm's), else the scorer's.
+        ``heads``: filled with every head's prediction, from the same run."""
         if not len(rows):
             return np.zeros(0, dtype=np.float32), None
         t0 = time.perf_counter()
         batch = self.extractor.extract_rows(user_id, ts_ms, context, history, rows)
-        return self._pull_and_run(model, batch, t0, fusion), batch
+        return self._pull_and_run(model, batch, t0, fusion, heads=heads), batch
 
     def anonymous_scores(
         self,
@@ -212,13 +209,14 @@ class Scorer:
         t0: float,
         fusion: Fusion | None = None,
         stages: bool = True,
+        heads: dict[str, npt.NDArray[np.float32]] | None = None,
     ) -> npt.NDArray[np.float32]:
         """Pull and score ``batch``; observes the three stages (features from ``t0``)
         unless ``stages`` is off (a second, smaller run of the same request)."""
         t1 = time.perf_counter()
         rows, wide = self.pull(batch, model)
         t2 = time.perf_counter()
-        scores = self.run(model, batch, rows, wide, fusion)
+        scores = self.run(model, batch, rows, wide, fusion, heads)
         t3 = time.perf_counter()
         if stages:
             self.observe("features", t1 - t0)

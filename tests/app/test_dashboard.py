@@ -18,6 +18,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
+from app.candidates.sources import SOURCE_NAMES
 from app.dashboard.audit import FileAuditLog, RedisAuditLog, recent
 from app.dashboard.sampling import quantile
 from app.main import create_app
@@ -174,9 +175,7 @@ def test_user_insight_shows_history_and_sources(live: TestClient) -> None:
     user = wait_for(someone, timeout_s=30, interval_s=0.5)
     assert {"video_id", "watch_ratio", "category"} <= set(user["history"][0])
     assert user["recommendations"]
-    assert {r["source"] for r in user["recommendations"]} <= {
-        "embedding", "covisit", "creators", "trending", "fresh"
-    }
+    assert {r["source"] for r in user["recommendations"]} <= set(SOURCE_NAMES)
     watched = {h["video_id"] for h in user["history"]}
     assert not watched & {r["video_id"] for r in user["recommendations"]}
 

@@ -7,7 +7,8 @@ over HTTP, embedded and in the production topology (Kafka + Redis):
 - two new users with opposite tastes (one finishes and likes videos of category
   A and skips B, the other the reverse; 15 events each) get top 10s that lean
   their own ways once their events are trained, with no new export, while a
-  third user without events is moved at most by what popularity carries;
+  third user without events is moved only by what popularity carries (far less
+  than the two are moved from them);
 - a user with a history and a brand-new user score almost no candidate alike;
 - a video uploaded now in a category the user loves ranks above one uploaded now
   in a category they skip (and the reverse for the other user).
@@ -39,7 +40,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-EVENTS = 20_000
+EVENTS = 40_000
 GAP = 4
 """The user who likes A holds at least this many more videos of A in their top 10 than
 the user who likes B."""
@@ -147,7 +148,7 @@ def test_opposite_tastes_lean_their_own_ways_and_nobody_else_moves(trained: Trai
     pool = [f"v{i}" for i in of_a[6:26] + of_b[6:26]]
     in_a = {f"v{i}" for i in of_a}
     likes_a, likes_b, bystander = (f"{n}-{uuid.uuid4().hex[:6]}" for n in ("la", "lb", "by"))
-    before = trained.top(bystander, pool)
+    before = trained.scores(bystander, pool)
 
     sent = taste_events(world, likes_a, of_a, of_b) + taste_events(world, likes_b, of_b, of_a)
     assert len(sent) == 30
@@ -162,9 +163,13 @@ def test_opposite_tastes_lean_their_own_ways_and_nobody_else_moves(trained: Trai
     version = trained.service.model.version
     wait_for(apart, timeout_s=60)
     assert trained.service.model.version == version  # no export: the stream did it
-    after = trained.top(bystander, pool)
-    moved = abs(sum(v in in_a for v in after) - sum(v in in_a for v in before))
-    assert moved <= 1, (before, after)
+    # The bystander is moved only by what popularity carries (counters, category priors):
+    # far less than the two users are moved from the bystander by their own actions.
+    after = trained.scores(bystander, pool)
+    own = [trained.scores(user, pool) for user in (likes_a, likes_b)]
+    moved = np.mean([abs(after[v] - before[v]) for v in pool])
+    personal = np.mean([abs(scores[v] - after[v]) for scores in own for v in pool])
+    assert moved < 0.5 * personal, (moved, personal)
 
 
 def test_a_user_with_history_and_a_new_user_score_few_candidates_alike(
