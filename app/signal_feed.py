@@ -1,12 +1,21 @@
-"""The signal feed: keeps trending, co-visitation and users' feedback current from the event log.
+"""The signal feed: keeps serving's state current from the event log, with or without a trainer.
 
 A consumer in its own group (``{namespace}-signals``) reads every event,
-looks up the users' recent histories (one round trip) and calls
-:meth:`~feature_store.signals.base.CandidateSignals.record`, then commits.
+looks up the users' recent histories (one round trip), calls
+:meth:`~feature_store.signals.base.CandidateSignals.record` (trending,
+co-visitation), then records the events into serving's activity store
+(``Resources.activity``: the histories behind ``exclude_seen`` and the
+history features, the video counters behind the counter features and cold
+start), then commits. So a watched video is excluded, and the history
+features move, as soon as the feed has read the event (well under a second),
+whether the trainer runs, lags, is paused or is gone. The trainer keeps its
+own copy for its point-in-time features (``Resources.training_activity``):
+this feed running ahead of it never leaks into training.
 It runs in the service process (``vidrec up`` and each ``vidrec serve``):
 the group splits partitions among the serving processes, so each event is
 recorded once (at least once across a crash: a replayed batch adds its counts
-again, which trending and co-visitation tolerate). Independent of the
+again, which trending, co-visitation and serving's counters tolerate; a
+history takes an event once however often it is replayed). Independent of the
 trainer, so candidate freshness does not wait for training steps.
 
 The same pass keeps the users' feedback
@@ -19,12 +28,13 @@ Disable with ``api.signal_feed = false`` where another process records the
 signals. A failing backend is logged and retried after a pause; the feed
 never takes the service down.
 
-Embedded (in-process signals, snapshotted under the data directory) the
-signals live in memory, so committing each batch would let a kill -9 lose
-every count since the last snapshot: the feed would never read those events
-again. There the feed snapshots the signals every :data:`SNAPSHOT_EVERY_S`
-and commits only then, after the snapshot: a restart replays the events
-recorded after it (some counted twice at worst, never lost).
+Embedded (in-process signals and stores, snapshotted under the data
+directory) they live in memory, so committing each batch would let a kill -9
+lose every count since the last snapshot: the feed would never read those
+events again. There the feed snapshots the signals (and serving's activity)
+every :data:`SNAPSHOT_EVERY_S` and commits only then, after the snapshot: a
+restart replays the events recorded after it (some counted twice at worst,
+never lost).
 """
 
 from __future__ import annotations
@@ -107,14 +117,18 @@ class SignalFeed:
         records = consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
         if records:
             events = [r.event for r in records]
+            activity = self.resources.activity
             users = list(dict.fromkeys(e.user_id for e in events))
-            histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
+            histories = dict(zip(users, activity.histories(users), strict=True))
             self.signals.record(events, histories)
             ratio = self.resources.settings.features.positive_watch_ratio
-            wanted = list({e.video_id for e in events if needs_creator(e, ratio)})
-            videos = self.resources.catalog.get_many(wanted) if wanted else []
-            creators = {v.video_id: v.creator_id for v in videos if v is not None}
+            wanted = list(
+                {e.video_id for e in events if e.duration_ms is None or needs_creator(e, ratio)}
+            )
+            videos = [v for v in self.resources.catalog.get_many(wanted) if v is not None]
+            creators = {v.video_id: v.creator_id for v in videos}
             self.feedback.record_events(events, creators)
+            activity.record(events, {v.video_id: v.duration_ms for v in videos})
             self.recorded += len(events)
         if records or consumer.dead_lettered != dead_before:  # past bad records too
             self._uncommitted = True
@@ -131,6 +145,8 @@ class SignalFeed:
             self.signals.snapshot(self._snapshot_dir)
             if isinstance(self.feedback, MemoryFeedback) and self.feedback.snapshot_dir:
                 self.feedback.snapshot(self.feedback.snapshot_dir)
+            if self.resources.settings.stores.backend == "memory":
+                self.resources.activity.snapshot(self.resources.data_dir / "activity")
             self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         consumer.commit()
         self._uncommitted = False
