@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from feature_store.errors import VidrecError
-from feature_store.eventlog.base import EventConsumer
+from feature_store.eventlog.base import ConsumedEvent, EventConsumer
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
 from feature_store.signals.feedback import MemoryFeedback, attach_feedback
@@ -83,6 +83,8 @@ class SignalFeed:
         """Where in-process signals are snapshotted (then the feed commits after each)."""
         self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         self._uncommitted = False
+        self._failed: list[ConsumedEvent] = []
+        """A polled batch not recorded yet (its step failed): the next step's."""
         self._worker = Worker("vidrec-signal-feed", lambda stop: self._run())
         self._stop = self._worker.stop_event
 
@@ -112,9 +114,16 @@ class SignalFeed:
             consumer.close()
 
     def step(self, consumer: EventConsumer) -> int:
-        """Record one polled batch; returns how many events it held."""
+        """Record one polled batch; returns how many events it held.
+
+        A batch that failed (a backend down) is recorded again by the next step before
+        anything new is polled: the consumer's position is past it already, so dropping
+        it would lose those events from serving's state until a restart re-read them.
+        What it had recorded before failing counts twice (at least once, as after a crash).
+        """
         dead_before = consumer.dead_lettered
-        records = consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
+        records = self._failed or consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
+        self._failed = records  # until recorded
         if records:
             events = [r.event for r in records]
             activity = self.resources.activity
@@ -130,14 +139,16 @@ class SignalFeed:
             self.feedback.record_events(events, creators)
             activity.record(events, {v.video_id: v.duration_ms for v in videos})
             self.recorded += len(events)
+        self._failed = []
         if records or consumer.dead_lettered != dead_before:  # past bad records too
             self._uncommitted = True
         self._commit(consumer)
         return len(records)
 
     def _commit(self, consumer: EventConsumer, final: bool = False) -> None:
-        """Commit what was recorded: at once, or (in-process signals) after a snapshot."""
-        if not self._uncommitted:
+        """Commit what was recorded: at once, or (in-process signals) after a snapshot;
+        never past a batch that failed (a restart re-reads it)."""
+        if not self._uncommitted or self._failed:
             return
         if self._snapshot_dir is not None:
             if not final and time.monotonic() < self._next_snapshot:

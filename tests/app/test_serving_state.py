@@ -20,6 +20,11 @@ import httpx
 import pytest
 
 from app.main import create_app
+from app.signal_feed import SignalFeed, feed_group
+from feature_store.errors import StoreUnavailable
+from feature_store.events import Event
+from feature_store.runtime import open_resources
+from feature_store.signals import attach_signals
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
 
 
@@ -75,3 +80,30 @@ def test_without_a_trainer_a_watched_video_is_excluded_and_the_history_moves(
         again = {**ask, "exclude_seen": False}
         assert watched in {i["video_id"] for i in http.post("/v1/recommend", json=again).json()[
             "items"]}
+
+
+def test_a_batch_the_feed_failed_to_record_is_recorded_by_its_next_step(tmp_path: Path) -> None:
+    """A Redis blip fails a step after the consumer moved past its records: the next step
+    records that batch before polling on, and nothing is committed past it meanwhile."""
+    with open_resources(make_settings(tmp_path / "data")) as resources:
+        feed = SignalFeed(resources, attach_signals(resources))
+        consumer = resources.event_log.consumer(feed_group(resources))
+        record = resources.activity.record
+        calls = []
+
+        def blip(*args: Any, **kwargs: Any) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise StoreUnavailable("redis blip")
+            record(*args, **kwargs)
+
+        resources.activity.record = blip  # type: ignore[method-assign]
+        now = int(time.time() * 1000)
+        resources.event_log.produce([Event(event_id="e1", user_id="yan", video_id="w1",
+                                           type="finish", ts=now, watch_ms=60_000)])
+        with pytest.raises(StoreUnavailable):
+            wait_for(lambda: feed.step(consumer), 10)
+        assert resources.activity.history("yan") == [] and consumer.committed() == []
+        assert feed.step(consumer) == 1
+        assert [h.video_id for h in resources.activity.history("yan")] == ["w1"]
+        consumer.close()
