@@ -1,12 +1,21 @@
-"""The signal feed: keeps trending, co-visitation and users' feedback current from the event log.
+"""The signal feed: keeps serving's state current from the event log, with or without a trainer.
 
 A consumer in its own group (``{namespace}-signals``) reads every event,
-looks up the users' recent histories (one round trip) and calls
-:meth:`~feature_store.signals.base.CandidateSignals.record`, then commits.
+looks up the users' recent histories (one round trip), calls
+:meth:`~feature_store.signals.base.CandidateSignals.record` (trending,
+co-visitation), then records the events into serving's activity store
+(``Resources.activity``: the histories behind ``exclude_seen`` and the
+history features, the video counters behind the counter features and cold
+start), then commits. So a watched video is excluded, and the history
+features move, as soon as the feed has read the event (well under a second),
+whether the trainer runs, lags, is paused or is gone. The trainer keeps its
+own copy for its point-in-time features (``Resources.training_activity``):
+this feed running ahead of it never leaks into training.
 It runs in the service process (``vidrec up`` and each ``vidrec serve``):
 the group splits partitions among the serving processes, so each event is
 recorded once (at least once across a crash: a replayed batch adds its counts
-again, which trending and co-visitation tolerate). Independent of the
+again, which trending, co-visitation and serving's counters tolerate; a
+history takes an event once however often it is replayed). Independent of the
 trainer, so candidate freshness does not wait for training steps.
 
 The same pass keeps the users' feedback
@@ -19,12 +28,13 @@ Disable with ``api.signal_feed = false`` where another process records the
 signals. A failing backend is logged and retried after a pause; the feed
 never takes the service down.
 
-Embedded (in-process signals, snapshotted under the data directory) the
-signals live in memory, so committing each batch would let a kill -9 lose
-every count since the last snapshot: the feed would never read those events
-again. There the feed snapshots the signals every :data:`SNAPSHOT_EVERY_S`
-and commits only then, after the snapshot: a restart replays the events
-recorded after it (some counted twice at worst, never lost).
+Embedded (in-process signals and stores, snapshotted under the data
+directory) they live in memory, so committing each batch would let a kill -9
+lose every count since the last snapshot: the feed would never read those
+events again. There the feed snapshots the signals (and serving's activity)
+every :data:`SNAPSHOT_EVERY_S` and commits only then, after the snapshot: a
+restart replays the events recorded after it (some counted twice at worst,
+never lost).
 """
 
 from __future__ import annotations
@@ -36,7 +46,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from feature_store.errors import VidrecError
-from feature_store.eventlog.base import EventConsumer
+from feature_store.eventlog.base import ConsumedEvent, EventConsumer
+from feature_store.events import EventType
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
 from feature_store.signals.feedback import MemoryFeedback, attach_feedback
@@ -50,6 +61,8 @@ POLL_TIMEOUT_S = 0.1
 """Longest wait for the first record of a poll: bounds the feed's added latency."""
 RETRY_PAUSE_S = 1.0
 SNAPSHOT_EVERY_S = 10.0
+_NO_ENTRY = frozenset({EventType.IMPRESSION, EventType.CLICK})
+"""Event types that never make a history entry (no catalog read for them)."""
 """Embedded: seconds between snapshots of the signals (each followed by a commit)."""
 
 
@@ -73,6 +86,8 @@ class SignalFeed:
         """Where in-process signals are snapshotted (then the feed commits after each)."""
         self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         self._uncommitted = False
+        self._failed: list[ConsumedEvent] = []
+        """A polled batch not recorded yet (its step failed): the next step's."""
         self._worker = Worker("vidrec-signal-feed", lambda stop: self._run())
         self._stop = self._worker.stop_event
 
@@ -102,28 +117,45 @@ class SignalFeed:
             consumer.close()
 
     def step(self, consumer: EventConsumer) -> int:
-        """Record one polled batch; returns how many events it held."""
+        """Record one polled batch; returns how many events it held.
+
+        A batch that failed (a backend down) is recorded again by the next step before
+        anything new is polled: the consumer's position is past it already, so dropping
+        it would lose those events from serving's state until a restart re-read them.
+        What it had recorded before failing counts twice (at least once, as after a crash).
+        """
         dead_before = consumer.dead_lettered
-        records = consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
+        records = self._failed or consumer.poll(POLL_RECORDS, POLL_TIMEOUT_S)
+        self._failed = records  # until recorded
         if records:
             events = [r.event for r in records]
+            activity = self.resources.activity
             users = list(dict.fromkeys(e.user_id for e in events))
-            histories = dict(zip(users, self.resources.activity.histories(users), strict=True))
+            histories = dict(zip(users, activity.histories(users), strict=True))
             self.signals.record(events, histories)
+            # The catalog records of what may enter a history (its length, creator and
+            # category go in the entry) and of what the feedback needs a creator for.
+            wanted = list({e.video_id for e in events if e.type not in _NO_ENTRY})
+            found = self.resources.catalog.get_many(wanted)
+            videos = {v.video_id: v for v in found if v is not None}
             ratio = self.resources.settings.features.positive_watch_ratio
-            wanted = list({e.video_id for e in events if needs_creator(e, ratio)})
-            videos = self.resources.catalog.get_many(wanted) if wanted else []
-            creators = {v.video_id: v.creator_id for v in videos if v is not None}
+            creators = {
+                e.video_id: videos[e.video_id].creator_id
+                for e in events if e.video_id in videos and needs_creator(e, ratio)
+            }
             self.feedback.record_events(events, creators)
+            activity.record(events, videos)
             self.recorded += len(events)
+        self._failed = []
         if records or consumer.dead_lettered != dead_before:  # past bad records too
             self._uncommitted = True
         self._commit(consumer)
         return len(records)
 
     def _commit(self, consumer: EventConsumer, final: bool = False) -> None:
-        """Commit what was recorded: at once, or (in-process signals) after a snapshot."""
-        if not self._uncommitted:
+        """Commit what was recorded: at once, or (in-process signals) after a snapshot;
+        never past a batch that failed (a restart re-reads it)."""
+        if not self._uncommitted or self._failed:
             return
         if self._snapshot_dir is not None:
             if not final and time.monotonic() < self._next_snapshot:
@@ -131,6 +163,8 @@ class SignalFeed:
             self.signals.snapshot(self._snapshot_dir)
             if isinstance(self.feedback, MemoryFeedback) and self.feedback.snapshot_dir:
                 self.feedback.snapshot(self.feedback.snapshot_dir)
+            if self.resources.settings.stores.backend == "memory":
+                self.resources.activity.snapshot(self.resources.data_dir / "activity")
             self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         consumer.commit()
         self._uncommitted = False

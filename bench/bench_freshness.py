@@ -1,6 +1,7 @@
 """Freshness: from an event accepted by the API to the changed row being what serving reads.
 
     python bench/bench_freshness.py [--trials 40] [--backend memory|redis-kafka]
+                                    [--trainer running|paused]
 
 Runs the service with the embedded trainer (as ``vidrec up`` does) under
 uvicorn in this process; ``memory`` uses the embedded event log and tables,
@@ -10,9 +11,17 @@ times from the API's 200 until the user's embedding row, read exactly as
 serving reads it (``Service.reads``: weights only, through the short-TTL
 row cache of the Redis deployment), is no longer zero. A second clock times
 the same event into the candidate signals (the user's two videos appearing
-as each other's co-visitation partners). Goal: p95 <= 2 s.
+as each other's co-visitation partners). A third times it into the history
+the service reads for ``exclude_seen`` and the history features (serving's
+activity, written by the signal feed): from then on the user is not
+recommended the video. Goal: p95 <= 2 s; the exclusion within 1 s.
 
-Results are printed and written to ``bench/results/freshness-<backend>.json``.
+``--trainer paused`` pauses the trainer before the trials (as the dashboard's
+*Pause* does): the row clock is not run (nothing trains), the other two must
+not move (issue #22: the trainer alone wrote the histories, so a paused
+trainer meant users were served what they had just watched).
+
+Results are printed and written to ``bench/results/freshness-<backend>[-paused].json``.
 """
 
 from __future__ import annotations
@@ -47,11 +56,26 @@ def pct(values: list[float]) -> dict[str, float]:
     }
 
 
+def _clocks(checks: dict[str, Any], accepted: float, trial: int) -> dict[str, float]:
+    """Seconds from ``accepted`` (``perf_counter``) until each check first holds."""
+    at: dict[str, float] = {}
+    while len(at) < len(checks):
+        for name, check in checks.items():
+            if name not in at and check():
+                at[name] = time.perf_counter() - accepted
+        if time.perf_counter() - accepted > 30:
+            raise TimeoutError(f"trial {trial}: {sorted(set(checks) - set(at))} after 30 s")
+        time.sleep(0.005)
+    return at
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--backend", choices=["memory", "redis-kafka"], default="memory")
+    parser.add_argument("--trainer", choices=["running", "paused"], default="running")
     args = parser.parse_args()
+    paused = args.trainer == "paused"
 
     import warnings
 
@@ -91,6 +115,7 @@ def main() -> int:
         time.sleep(0.05)
     rows_s: list[float] = []
     signals_s: list[float] = []
+    seen_s: list[float] = []
     try:
         service = app.state.service
         reads = service.reads  # what serving reads: through its short-TTL cache if any
@@ -127,6 +152,11 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the trainer never trained the warm-up event")
                 time.sleep(0.05)
+            if paused:
+                service.trainer.pause()
+                while service.trainer.status()["state"] != "paused":
+                    time.sleep(0.05)
+            activity = service.resources.activity  # what exclude_seen and the features read
             for trial in range(args.trials):
                 user = f"fresh-{uuid.uuid4().hex[:10]}"
                 a, b = f"fv{2 * trial}", f"fv{2 * trial + 1}"
@@ -147,17 +177,17 @@ def main() -> int:
                 accepted = time.perf_counter()
                 assert response.status_code == 200 and response.json()["accepted"] == 2
                 key = np.array([feature_key("user", user) or 1], dtype=np.uint64)
-                row_at = signal_at = None
-                while row_at is None or signal_at is None:
-                    if row_at is None and reads.pull("user", key).any():
-                        row_at = time.perf_counter()
-                    if signal_at is None and b in dict(service.signals.covisited([a], 10)):
-                        signal_at = time.perf_counter()
-                    if time.perf_counter() - accepted > 30:
-                        raise TimeoutError(f"trial {trial}: nothing after 30 s")
-                    time.sleep(0.005)
-                rows_s.append(row_at - accepted)
-                signals_s.append(signal_at - accepted)
+                checks = {  # each bound to this trial's ids
+                    "signals": lambda a=a, b=b: b in dict(service.signals.covisited([a], 10)),
+                    "seen": lambda b=b, u=user: b in {h.video_id for h in activity.history(u)},
+                }
+                if not paused:
+                    checks["row"] = lambda k=key: bool(reads.pull("user", k).any())
+                at = _clocks(checks, accepted, trial)
+                if "row" in at:
+                    rows_s.append(at["row"])
+                signals_s.append(at["signals"])
+                seen_s.append(at["seen"])
                 time.sleep(0.1)
         trainer_status = service.trainer.status()
     finally:
@@ -167,16 +197,19 @@ def main() -> int:
             svc.stop()
     results = {
         "backend": args.backend,
+        "trainer": args.trainer,
         "trials": args.trials,
-        "event_to_served_row": pct(rows_s),
+        "event_to_served_row": pct(rows_s) if rows_s else None,
         "event_to_candidate_signals": pct(signals_s),
+        "event_to_excluded_as_seen": pct(seen_s),
         "trainer_batch_max_wait_ms": settings.trainer.max_wait_ms,
         "hot_row_cache_ttl_ms": settings.api.hot_row_cache_ttl_ms if reads.enabled else 0,
         "trainer_events_total": trainer_status.get("events_total"),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
     }
     print(json.dumps(results, indent=2))
-    out = ROOT / "bench" / "results" / f"freshness-{args.backend}.json"
+    suffix = "-paused" if paused else ""
+    out = ROOT / "bench" / "results" / f"freshness-{args.backend}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     return 0

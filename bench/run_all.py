@@ -139,6 +139,8 @@ def run_freshness(size: dict[str, Any]) -> Result:
         _row("freshness", "event to served row p50", row["p50_s"], "s", None, None, note),
         _row("freshness", "event to served row p95", row["p95_s"], "s", None, None, note),
         _row("freshness", "event to candidate signals p95", sig["p95_s"], "s", None, None, note),
+        _row("freshness", "event to excluded as seen p95",
+             data["event_to_excluded_as_seen"]["p95_s"], "s", None, None, note),
     ], None
 
 

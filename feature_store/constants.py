@@ -54,6 +54,11 @@ HISTORY = f"{REDIS_ROOT}:hist:"
 """A user's recent watches, newest first: list at ``{HISTORY}{user_id}``."""
 VIDEO_STATS = f"{REDIS_ROOT}:vstat:"
 """A video's counters: hash at ``{VIDEO_STATS}{video_id}``."""
+TRAINING_HISTORY = f"{REDIS_ROOT}:train:hist:"
+TRAINING_VIDEO_STATS = f"{REDIS_ROOT}:train:vstat:"
+"""The trainer's own copy of the histories and counters (point in time: as of the events it
+trained), beside serving's ``HISTORY``/``VIDEO_STATS``, which the signal feed writes
+(``feature_store/runtime.py``, ``Resources.training_activity``)."""
 
 TRAINER_METRICS = f"{REDIS_ROOT}:trainer:metrics:"
 """Capped stream of a trainer's metric points: ``{TRAINER_METRICS}{group_id}``."""

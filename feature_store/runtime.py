@@ -1,8 +1,9 @@
 """Open every storage component a process needs, from one settings tree.
 
 :class:`Resources` is the set of live objects the trainer and the service
-share: the event log, the sparse tables, the catalog, the activity store and
-the model registry. In embedded mode (``vidrec up``) one ``Resources`` is
+share: the event log, the sparse tables, the catalog, the activity stores
+(serving's, and the trainer's own point-in-time copy) and the model
+registry. In embedded mode (``vidrec up``) one ``Resources`` is
 opened by the service and handed to the in-process trainer, so both work on
 the same in-memory tables; in production each process opens its own against
 Kafka and Redis. Whoever opens it closes it (``with open_resources(...)``);
@@ -48,6 +49,16 @@ class Resources:
     event_log: EventLog
     catalog: CatalogStore
     activity: ActivityStore
+    """Serving's histories and video counters (exclude_seen, history and counter features,
+    co-visitation, cold start), written by the service's signal feed as events arrive,
+    whether a trainer runs or not (``app/signal_feed.py``)."""
+    training_activity: ActivityStore
+    """The trainer's own copy, written only by the trainer after each batch it trained, so
+    a sample's features are the state before its moment however far serving's copy ran
+    ahead (``trainer/samples.py``). Its own Redis keys; in process, checkpointed with the
+    trainer. Twice the activity memory, for exact point-in-time features: filtering
+    serving's histories by time cannot give back an entry a later event rewrote or pushed
+    out, nor the counters as they stood."""
     registry: ModelRegistry
     tables: dict[str, SparseTable]
     """Embedding tables by name plus the wide table (``WIDE_TABLE``)."""
@@ -115,6 +126,7 @@ class Resources:
                 part.close()
         for table in self.tables.values():
             table.close()
+        self.training_activity.close()
         self.activity.close()
         self.catalog.close()
         if self.served_log is not None:
@@ -345,6 +357,8 @@ def open_resources(
             settings, redis_client=store_client, data_dir=data_dir / "activity"
         )
         opened.callback(activity.close)
+        training_activity = open_activity(settings, redis_client=store_client, training=True)
+        opened.callback(training_activity.close)
         tables: dict[str, SparseTable] = {}
         for spec in table_specs(schema, settings):
             tables[spec.name] = table = open_table(spec, settings, redis_client=client)
@@ -361,6 +375,7 @@ def open_resources(
             event_log=event_log,
             catalog=catalog,
             activity=activity,
+            training_activity=training_activity,
             registry=ModelRegistry(data_dir / "registry"),
             tables=tables,
             redis_client=client,

@@ -318,8 +318,9 @@ class ApiSettings(_Section):
     units; the co-watch evidence the model's features do not carry directly. Chosen with
     ``retrieval_weight``."""
     signal_feed: bool = True
-    """Run the signal feed (a consumer group updating trending and co-visitation) in
-    the service process. Turn off only where another process records the signals."""
+    """Run the signal feed (a consumer group updating trending, co-visitation and
+    serving's histories and video counters, ``app/signal_feed.py``) in the service
+    process. Turn off only where another process records them."""
     ranking_weights: RankingWeights = Field(default_factory=lambda: _heads(engagement=1.0))
     """Weight of each ranking head in the served score (dimensionless exponents, see
     ``app/scoring/fusion.py``): ``log score = sum |w| log p`` (``log(1 - p)`` for a

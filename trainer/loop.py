@@ -7,7 +7,7 @@ One iteration::
     join impressions, label events (trainer.labels); feature values of the
       moments shown, from the stores' pre-batch state (trainer.samples)
     pull -> forward (prequential scores) -> backward -> push -> dense step
-    record the events into the activity store (histories, counters)
+    record the events into its own activity store (histories, counters)
     every checkpoint_every_s: checkpoint, then commit the offsets it covers
 
 Delivery guarantees (see ``docs/training.md`` for the full argument):
@@ -295,7 +295,7 @@ class OnlineTrainer:
         keys = self._train_samples(samples)
         self.trainer.advance()  # Redis applies the pushes while the activity is recorded
         if events:
-            self._retry(lambda: self.resources.activity.record(events, lookup.videos))
+            self._retry(lambda: self.resources.training_activity.record(events, lookup.videos))
         self._retry(self.trainer.settle)  # the pushes land before the journal line
         for r in records:
             if r.offset + 1 > self.positions.get(r.partition, 0):
@@ -379,7 +379,7 @@ class OnlineTrainer:
                 self.trainer.extractor,
                 [events[i] for i in rest],
                 lookup,
-                self.resources.activity,
+                self.resources.training_activity,
             )
         unscored = [i for i in shown if np.isnan(scores[i])]  # not served, or by another family
         if unscored:
@@ -602,7 +602,7 @@ class OnlineTrainer:
                 for name, table in self.resources.tables.items():
                     table.snapshot(directory / "sparse" / name)
             if self.in_process_stores:
-                self.resources.activity.snapshot(directory / "activity")
+                self.resources.training_activity.snapshot(directory / "activity")
             state = {
                 "seq": seq,
                 "created_at_ms": int(time.time() * 1000),
@@ -667,7 +667,7 @@ class OnlineTrainer:
                     if (directory / "sparse" / name).is_dir():
                         table.restore(directory / "sparse" / name)
             if self.in_process_stores and (directory / "activity").is_dir():
-                self.resources.activity.restore(directory / "activity")
+                self.resources.training_activity.restore(directory / "activity")
             self.positions = {int(p): int(o) for p, o in state["positions"].items()}
             self.log_times = {int(p): int(t) for p, t in state.get("log_times", {}).items()}
             shown_file = directory / SHOWN_FILE

@@ -111,7 +111,7 @@ def build_samples(
 
     Same joiner and label policy, same point-in-time values (the pre-batch
     store state of each batch of ``batch_size`` events, at the moment each
-    video was shown), recorded into ``resources.activity`` (which must start
+    video was shown), recorded into ``resources.training_activity`` (which must start
     empty) after each batch, as the loop does. Values are packed rows (about
     0.4 KB a sample), not row objects, so a long stream fits in memory.
     ``engagement_only`` leaves out the samples with no engagement label (an
@@ -127,9 +127,9 @@ def build_samples(
     for start in range(0, len(events), batch_size):
         chunk = list(events[start : start + batch_size])
         lookup = Lookup(resources.catalog, chunk)
-        moments = partial(_moments, extractor, chunk, lookup, resources.activity)
+        moments = partial(_moments, extractor, chunk, lookup, resources.training_activity)
         samples += joiner.observe(chunk, [0] * len(chunk), lookup.durations, moments)
-        resources.activity.record(chunk, lookup.videos)
+        resources.training_activity.record(chunk, lookup.videos)
     if engagement_only:
         samples = [s for s in samples if s.label == s.label]
     return samples, labelled_rows(samples, extractor.layout).values

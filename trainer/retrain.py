@@ -14,13 +14,14 @@ trainer with the same factory over a copy of the live
   activated automatically only while the family is the active one (an
   operator promoted it, or an experiment concluded with it): until then the
   operator compares (or runs an experiment) and chooses;
-- the activity store (user histories, video counters) is a **private,
-  in-process** one, rebuilt from the replay, instead of the shared store.
+- the trainer's activity store (user histories, video counters) is a
+  **private, in-process** one, rebuilt from the replay, instead of the live
+  trainer's copy.
 
-Trade-offs of that last point, on purpose: the shared store is what serving
-reads and what the live trainer keeps current, so a replay writing old
-events into it would corrupt both (histories would go back in time, counters
-would count events twice). A private store gives the replayed model honest
+Trade-offs of that last point, on purpose: the live trainer's copy holds the
+state as of the events it trained (and serving's, as of now), so a replay
+writing old events into it would corrupt it (histories would go back in
+time, counters would count events twice). A private store gives the replayed model honest
 features (each event sees the history as it was then) at the cost of memory
 in the trainer process (about what the embedded store holds for the same
 users) and of starting empty: events older than the chosen time are not in
@@ -225,7 +226,7 @@ class RetrainManager:
             live,
             settings=fam_settings,
             event_log=ReplayLog(live.event_log, from_ts_ms),  # type: ignore[arg-type]
-            activity=MemoryActivity(settings.features),
+            training_activity=MemoryActivity(settings.features),
             tables=tables,
             # the family's own parts: its trainer opens its series, nothing is shared
             signals=None, feedback=None, control=None, families=None, trainer_series=None,

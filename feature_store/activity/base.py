@@ -6,9 +6,12 @@ features and the co-visitation and creator candidate sources. Per video:
 counters of each event type and total watch time, feeding the popularity
 features and trending.
 
-Writers: the trainer (and, embedded, the same process). Each user's events
-live in one event-log partition, so one consumer owns each user's history and
-there is no concurrent read-modify-write of one history.
+Two copies, each with one writer per user: serving's, written by the signal
+feed (``app/signal_feed.py``) and read by the service; and the trainer's own,
+which its point-in-time features read (``Resources.training_activity``).
+Each user's events live in one event-log partition, so one consumer of each
+group owns each user's history and there is no concurrent read-modify-write
+of one history.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ class RedisActivity:
     round trip carries when walking the whole keyspace; per-request reads
     are one command per key and need no chunking. ``history_ttl_s``: idle
     expiry of a history in seconds, renewed whenever it changes; ``None``
-    for none.
+    for none. ``history_prefix`` and ``stats_prefix``: whose copy (serving's
+    or the trainer's, :mod:`feature_store.constants`).
     """
 
     def __init__(
@@ -112,12 +113,18 @@ class RedisActivity:
         *,
         chunk: int = 8192,
         history_ttl_s: int | None = HISTORY_TTL_S,
+        history_prefix: str = HISTORY,
+        stats_prefix: str = VIDEO_STATS,
     ) -> None:
         self.client = client
         self.features = features
         self.rules = rules.history_rules(features)
         self.chunk = chunk
         self.history_ttl_s = history_ttl_s
+        self.history_prefix = history_prefix
+        self.stats_prefix = stats_prefix
+        """Key prefixes: serving's by default, the trainer's own copy's with
+        ``TRAINING_HISTORY``/``TRAINING_VIDEO_STATS``."""
         self._add_stats = client.register_script(_ADD_STATS)
 
     def __enter__(self) -> RedisActivity:
@@ -167,7 +174,7 @@ class RedisActivity:
                 args: list[int | str] = [delta.last_ts]
                 for name, amount in delta.increments.items():
                     args += [name, amount]
-                self._add_stats(keys=[VIDEO_STATS + video_id], args=args, client=pipe)
+                self._add_stats(keys=[self.stats_prefix + video_id], args=args, client=pipe)
             pipe.execute()
 
     def _record_on_cluster(
@@ -188,17 +195,18 @@ class RedisActivity:
             pipe = self.client.pipeline(transaction=False)
             for user_id, history in changed.items():
                 pipe.execute_command(
-                    "EVAL", _SET_HISTORY, 1, HISTORY + user_id, ttl, *_encode(history)
+                    "EVAL", _SET_HISTORY, 1, self.history_prefix + user_id, ttl,
+                    *_encode(history),
                 )
             for video_id, delta in deltas.items():
                 args: list[int | str] = [delta.last_ts]
                 for name, amount in delta.increments.items():
                     args += [name, amount]
-                pipe.execute_command("EVAL", _ADD_STATS, 1, VIDEO_STATS + video_id, *args)
+                pipe.execute_command("EVAL", _ADD_STATS, 1, self.stats_prefix + video_id, *args)
             pipe.execute()
 
     def _queue_history(self, pipe: Any, user_id: str, history: Sequence[HistoryEntry]) -> None:
-        key = HISTORY + user_id
+        key = self.history_prefix + user_id
         pipe.delete(key)
         if history:
             pipe.rpush(key, *_encode(history))
@@ -212,7 +220,8 @@ class RedisActivity:
         if limit is not None and limit <= 0:
             return []
         with store_errors("activity history"):
-            raw = self.client.lrange(HISTORY + user_id, 0, -1 if limit is None else limit - 1)
+            stop = -1 if limit is None else limit - 1
+            raw = self.client.lrange(self.history_prefix + user_id, 0, stop)
         return _decode(raw)
 
     def histories(self, user_ids: Sequence[str]) -> list[list[HistoryEntry]]:
@@ -222,7 +231,7 @@ class RedisActivity:
         with store_errors("activity histories"):
             pipe = self.client.pipeline(transaction=False)
             for user_id in user_ids:
-                pipe.lrange(HISTORY + user_id, 0, -1)
+                pipe.lrange(self.history_prefix + user_id, 0, -1)
             replies = pipe.execute()
         return [_decode(raw) for raw in replies]
 
@@ -233,7 +242,7 @@ class RedisActivity:
         with store_errors("activity video_stats"):
             pipe = self.client.pipeline(transaction=False)
             for video_id in video_ids:
-                pipe.hgetall(VIDEO_STATS + video_id)
+                pipe.hgetall(self.stats_prefix + video_id)
             replies = pipe.execute()
         return [_stats(raw) for raw in replies]
 
@@ -252,11 +261,11 @@ class RedisActivity:
                 return
 
     def _iter_histories(self) -> Iterator[tuple[str, list[HistoryEntry]]]:
-        for ids in self._scan(HISTORY):
+        for ids in self._scan(self.history_prefix):
             yield from zip(ids, self.histories(ids), strict=True)
 
     def _iter_stats(self) -> Iterator[tuple[str, VideoStats]]:
-        for ids in self._scan(VIDEO_STATS):
+        for ids in self._scan(self.stats_prefix):
             yield from zip(ids, self.video_stats(ids), strict=True)
 
     def snapshot(self, directory: Path) -> None:
@@ -282,9 +291,9 @@ class RedisActivity:
         for key, value in read_snapshot(directory):
             if isinstance(value, VideoStats):
                 kept_videos.add(key)
-                pipe.delete(VIDEO_STATS + key)
+                pipe.delete(self.stats_prefix + key)
                 counters: dict[Any, int] = value.model_dump()
-                pipe.hset(VIDEO_STATS + key, mapping=counters)
+                pipe.hset(self.stats_prefix + key, mapping=counters)
             else:
                 kept_users.add(key)
                 self._queue_history(pipe, key, value[:length])
@@ -295,8 +304,8 @@ class RedisActivity:
                 queued = 0
         with store_errors("activity restore"):
             pipe.execute()
-        self._delete_except(HISTORY, kept_users)
-        self._delete_except(VIDEO_STATS, kept_videos)
+        self._delete_except(self.history_prefix, kept_users)
+        self._delete_except(self.stats_prefix, kept_videos)
 
     def _delete_except(self, prefix: str, kept: set[str]) -> None:
         for ids in self._scan(prefix):

@@ -226,7 +226,8 @@ def test_retrain_trains_a_new_family_beside_the_live_one(live: TestClient) -> No
 
     live_tables = service.resources.tables
     assert manager.families[family].resources.tables["user"] is not live_tables["user"]
-    assert manager.families[family].resources.activity is not service.resources.activity
+    family_activity = manager.families[family].resources.training_activity
+    assert family_activity is not service.resources.training_activity
 
     stopped = act(live, "retrain_stop", target=family)
     assert stopped["status"] == "done"

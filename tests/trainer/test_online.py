@@ -252,10 +252,10 @@ def test_training_keeps_histories_and_counters_current(tmp_path: Path) -> None:
         wait_until(lambda: trainer.status()["events_total"] >= 4_500, 60, "the stream")
         trainer.stop()
         videos = sorted({e.video_id for e in events})[:50]
-        stats = dict(zip(videos, resources.activity.video_stats(videos), strict=True))
+        stats = dict(zip(videos, resources.training_activity.video_stats(videos), strict=True))
         for video in videos:
             shown = sum(1 for e in events if e.video_id == video and e.type == "impression")
             assert stats[video].impressions == shown, video
         liked = next(e for e in events if e.type == "like")
-        (history,) = resources.activity.histories([liked.user_id])
+        (history,) = resources.training_activity.histories([liked.user_id])
         assert liked.video_id in {h.video_id for h in history}

@@ -11,6 +11,7 @@ feature.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +117,39 @@ def test_no_feature_of_a_chance_feed_separates_the_labels(feed, tmp_path: Path) 
         assert abs(auc - 0.5) <= 0.03, f"{col.name} alone: AUC {auc:.4f}"
     _, history = values.multi("history")
     assert abs(roc_auc(history.astype(np.float64), labels) - 0.5) <= 0.03
+
+
+def _feature_aucs(samples: list, values, schema) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    labels = np.array([s.label for s in samples])
+    aucs = {
+        col.name: roc_auc(values.dense[:, j].astype(np.float64), labels)
+        for j, col in enumerate(schema.dense)
+    }
+    _, history = values.multi("history")
+    aucs["history"] = roc_auc(history.astype(np.float64), labels)
+    return aucs
+
+
+def test_serving_state_running_ahead_of_the_trainer_does_not_leak(  # type: ignore[no-untyped-def]
+    feed, tmp_path: Path
+) -> None:
+    """The signal feed writes serving's histories and counters as events arrive, ahead of
+    the trainer (issue #22); the trainer reads its own copy, so its features stay at chance.
+    Read from serving's copy instead, the same samples would learn from the future."""
+    events, catalog = feed
+    schema = default_schema()
+    by_id = {v.video_id: v for v in catalog}
+    with open_resources(_settings(tmp_path / "own")) as res:
+        res.catalog.upsert(catalog)
+        res.activity.record(events, by_id)  # serving's copy: the whole feed already
+        samples, values = build_samples(res, events, BATCH)
+        own = _feature_aucs(samples, values, schema)
+    with open_resources(_settings(tmp_path / "shared")) as res:
+        res.catalog.upsert(catalog)
+        res.activity.record(events, by_id)
+        shared = dataclasses.replace(res, training_activity=res.activity)
+        samples, values = build_samples(shared, events, BATCH)
+        leaked = _feature_aucs(samples, values, schema)
+    print(f"own copy: {own}\nserving's copy: {leaked}")
+    assert all(abs(auc - 0.5) <= 0.03 for auc in own.values()), own
+    assert max(abs(auc - 0.5) for auc in leaked.values()) > 0.1, leaked
