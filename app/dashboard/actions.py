@@ -39,7 +39,7 @@ from feature_store.control import LIVE, Ack, ControlChannel
 from feature_store.control import Command as ControlCommand
 from feature_store.errors import Conflict, TooManyRequests, VidrecError
 from feature_store.events import JsonInt
-from feature_store.registry import VERSION_NAME
+from feature_store.registry import VERSION_NAME, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -281,16 +281,26 @@ def _args(body: ActionRequest) -> dict[str, Any]:
 async def _await_served(
     service: Service, version: str, timeout_s: float
 ) -> tuple[bool, str | None]:
-    """(True, None) once the service serves ``version``; (False, reason) if it refused."""
+    """(True, None) once the service serves ``version``, or a newer version of its family
+    that replaced it (its family's trainer exported and activated again meanwhile: with
+    a short export interval that can happen before the holder's next poll); (False,
+    reason) if it refused or never got there."""
     deadline = time.monotonic() + timeout_s
+    registry = service.resources.registry
+    wanted = await asyncio.to_thread(registry.manifest, version)
     while time.monotonic() < deadline:
         model = service.model
-        if model is not None and model.version == version:
+        if model is not None and (model.version == version or _replaced(model.manifest, wanted)):
             return True, None
         if version in service.holder.failed:
             return False, service.holder.failed[version]
         await asyncio.sleep(0.02)
     return False, f"not served within {timeout_s:g} s"
+
+
+def _replaced(served: Manifest, wanted: Manifest) -> bool:
+    """``served`` is a later export of ``wanted``'s family (what its trainer activates)."""
+    return served.family == wanted.family and served.created_at_ms > wanted.created_at_ms
 
 
 async def _export_served(
@@ -355,7 +365,8 @@ async def _rollback(service: Service, timeout_s: float) -> tuple[str, str, dict[
     version = await asyncio.to_thread(registry.rollback)  # Conflict: nothing to go back to
     served, reason = await _await_served(service, version, timeout_s)
     if served:
+        now = service.model.version if service.model is not None else version
         return "done", f"rolled back from {before} to {version}", {
-            "version": version, "previous": before,
+            "version": version, "previous": before, "served": now,
         }
     return "failed", f"{version} is active but not served: {reason}", {"version": version}
