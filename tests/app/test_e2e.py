@@ -143,6 +143,9 @@ def test_events_train_a_new_version_that_shifts_recommendations(
             assert response.status_code == 200 and response.json()["rejected"] == 0
             posted += response.json()["accepted"]
         wait_for(lambda: trainer.status()["events_total"] >= posted, timeout_s=90)
+        # Serving's own view of the users (the signal feed's), which their features read.
+        history = app.state.service.resources.activity.history
+        wait_for(lambda: history("alice") and history("bob"), timeout_s=90)
         assert trainer.status()["served"]["joined"] == 10
         second = trainer.export_now(activate=True)
         assert second != first
