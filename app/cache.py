@@ -49,16 +49,23 @@ MAX_ENTRIES = 500_000
 """Entries per cache before it is emptied (a crude bound on memory)."""
 
 
-class TtlCache(Generic[K, V]):
-    """Values by key, fetched in bulk on a miss and kept for ``ttl_s``."""
+Clock = Callable[[], float]
+"""Monotonic seconds (``time.monotonic``; tests pass a clock they move by hand)."""
 
-    def __init__(self, ttl_s: float, max_entries: int = MAX_ENTRIES) -> None:
+
+class TtlCache(Generic[K, V]):
+    """Values by key, fetched in bulk on a miss and kept for ``ttl_s`` of ``clock``."""
+
+    def __init__(
+        self, ttl_s: float, max_entries: int = MAX_ENTRIES, clock: Clock = time.monotonic
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
+        self.clock = clock
         self._entries: dict[K, tuple[float, V]] = {}
 
     def get_many(self, keys: Sequence[K], fetch: Callable[[list[K]], list[V]]) -> list[V]:
-        now = time.monotonic()
+        now = self.clock()
         entries = self._entries
         found = [entries.get(k) for k in keys]
         missing = [i for i, e in enumerate(found) if e is None or e[0] < now]
@@ -87,13 +94,20 @@ class RowCache:
     thread-pool thread), and uncontended it costs nothing measurable.
     """
 
-    def __init__(self, table: SparseTable, ttl_s: float, capacity: int = 262_144) -> None:
+    def __init__(
+        self,
+        table: SparseTable,
+        ttl_s: float,
+        capacity: int = 262_144,
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.table = table
         self.ttl_s = ttl_s
         self.capacity = capacity
+        self.clock = clock
         self._slots: dict[int, int] = {}
         self._expires = np.zeros(capacity, dtype=np.float64)
-        """Monotonic time each slot's row is good until."""
+        """``clock`` time each slot's row is good until."""
         self._rows = np.zeros((capacity, table.spec.dim), dtype=np.float32)
         self._next = 0
         self._lock = threading.Lock()
@@ -103,7 +117,7 @@ class RowCache:
             return self._pull(keys)
 
     def _pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        now = time.monotonic()
+        now = self.clock()
         n = len(keys)
         slot = np.fromiter(map(self._slots.get, keys.tolist(), repeat(-1, n)), np.int64, n)
         hit = slot >= 0
@@ -138,8 +152,10 @@ class CachedReads:
         tables: Mapping[str, SparseTable],
         ttl_ms: int,
         enabled: bool,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.catalog = catalog
+        self.clock = clock
         self.tables = tables
         self.enabled = enabled and ttl_ms > 0
         ttl_s = ttl_ms / 1000
@@ -147,9 +163,13 @@ class CachedReads:
         """How long a catalog record read is reused (0: not cached)."""
         self.stats_ttl_s = ttl_s if self.enabled else 0.0
         """How long counters and sparse rows read are reused (0: not cached)."""
-        self._videos: TtlCache[str, Video | None] = TtlCache(max(ttl_s, CATALOG_TTL_S))
+        self._videos: TtlCache[str, Video | None] = TtlCache(
+            max(ttl_s, CATALOG_TTL_S), clock=clock
+        )
         self._ttl_s = ttl_s
-        self._rows = {name: RowCache(table, ttl_s) for name, table in tables.items()}
+        self._rows = {
+            name: RowCache(table, ttl_s, clock=clock) for name, table in tables.items()
+        }
         self.forgotten = ChangeLog()
         """Ids of the catalog records written through this process, in order."""
         self._family_rows: dict[int, dict[str, RowCache]] = {}
@@ -179,7 +199,10 @@ class CachedReads:
             return lambda table, keys: tables[table].pull(keys, train=False)
         caches = self._family_rows.get(id(tables))
         if caches is None:
-            caches = {name: RowCache(table, self._ttl_s) for name, table in tables.items()}
+            caches = {
+                name: RowCache(table, self._ttl_s, clock=self.clock)
+                for name, table in tables.items()
+            }
             self._family_rows[id(tables)] = caches
         return lambda table, keys: caches[table].pull(keys)
 

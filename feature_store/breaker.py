@@ -55,14 +55,18 @@ class Breaker:
         name: str,
         probe: Callable[[], object] | None = None,
         retry_s: float = PROBE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.retry_s = retry_s
+        self.clock = clock
+        """Monotonic seconds: when it went down, when the next half-open trial is due
+        (tests pass a clock they move by hand). The prober thread waits real time."""
         self.probe = probe
         """Checks the dependency from the prober thread; None: half-open trials by callers."""
         self._lock = threading.Lock()
         self._down_since: float | None = None
-        """``time.monotonic()`` when it went down; None while up."""
+        """``clock()`` when it went down; None while up."""
         self._next_trial = 0.0
         self._prober: threading.Thread | None = None
         self._closed = threading.Event()
@@ -81,7 +85,7 @@ class Breaker:
         if self._down_since is None:
             return True
         if self.probe is None:
-            now = time.monotonic()
+            now = self.clock()
             with self._lock:
                 if now >= self._next_trial:  # half-open: this caller is the trial
                     self._next_trial = now + self.retry_s
@@ -94,7 +98,7 @@ class Breaker:
         with self._lock:
             self.last_error = f"{type(exc).__name__}: {exc}"
             if self._down_since is None:
-                self._down_since = time.monotonic()
+                self._down_since = self.clock()
                 self._next_trial = self._down_since + self.retry_s
                 self.trips += 1
                 log.warning("%s is down (%s); failing fast until it answers", self.name, exc)
@@ -114,7 +118,7 @@ class Breaker:
             return
         with self._lock:
             if self._down_since is not None:
-                down_s = time.monotonic() - self._down_since
+                down_s = self.clock() - self._down_since
                 self._down_since = None
                 log.warning("%s is back after %.1f s", self.name, down_s)
 
@@ -129,7 +133,7 @@ class Breaker:
             return {"state": "up", "trips": self.trips}
         return {
             "state": "down",
-            "down_for_s": round(time.monotonic() - down_since, 3),
+            "down_for_s": round(self.clock() - down_since, 3),
             "error": self.last_error,
             "trips": self.trips,
         }

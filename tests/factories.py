@@ -108,3 +108,16 @@ def clustered_vectors(n: int, dim: int = 32, seed: int = 0) -> tuple[list[str], 
     vectors = centres[which] + rng.standard_normal((n, dim)) * (0.6 / dim**0.5)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     return [f"v{i:07d}" for i in range(n)], vectors.astype(np.float32)
+
+
+class ManualClock:
+    """A clock that moves only when a test says so (seconds; pass it as ``clock=``)."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -9,7 +9,7 @@ values derived from them), so a request is one dict pass from ids to rows
 (:meth:`VideoTable.lookup`) and the rest is fancy indexing.
 
 Freshness. A row's catalog fields and its counters each have a deadline
-(monotonic seconds) after which they are read again from the stores:
+(monotonic seconds, :attr:`VideoSource.clock`) after which they are read again from the stores:
 
 - in-process stores keep a :class:`~feature_store.changelog.ChangeLog`
   (``catalog.changes``, ``activity.stats_changes``); the table follows it at
@@ -76,6 +76,8 @@ class VideoSource:
     """How long counters are reused (infinity when a change log covers them; 0: never)."""
     record_logs: tuple[ChangeLog, ...] = ()
     stats_logs: tuple[ChangeLog, ...] = ()
+    clock: Callable[[], float] = time.monotonic
+    """Monotonic seconds the deadlines are kept in (tests pass a clock they move by hand)."""
 
 
 def video_source(
@@ -84,6 +86,7 @@ def video_source(
     record_ttl_s: float,
     stats_ttl_s: float,
     forgotten: ChangeLog | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> VideoSource:
     """A source over the stores, using their change logs where they keep one."""
     record_log: ChangeLog | None = getattr(catalog, "changes", None)
@@ -95,6 +98,7 @@ def video_source(
         stats_ttl_s=math.inf if stats_log is not None else stats_ttl_s,
         record_logs=tuple(log for log in (record_log, forgotten) if log is not None),
         stats_logs=(stats_log,) if stats_log is not None else (),
+        clock=clock,
     )
 
 
@@ -314,7 +318,7 @@ class VideoTable:
         if len(self.videos) + n > CACHE_MAX:
             self.clear()
         self._follow(source)
-        now = time.monotonic()
+        now = source.clock()
         rows = np.fromiter(map(self.row_of.get, video_ids, repeat(-1, n)), np.int64, n)
         stale = rows < 0
         known = np.flatnonzero(~stale)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,7 +17,7 @@ from feature_store.catalog.memory import MemoryCatalog
 from feature_store.events import EventContext
 from feature_store.features import FeatureExtractor, FeatureRow, default_schema
 from feature_store.settings import FeatureSettings
-from tests.factories import make_event, make_video
+from tests.factories import ManualClock, make_event, make_video
 from tests.feature_checks import assert_same_features
 
 SCHEMA = default_schema()
@@ -134,7 +133,8 @@ class CountingStore:
 
 def test_without_change_logs_copies_expire_after_their_ttl() -> None:
     store = CountingStore([make_video(video_id=f"r{i}") for i in range(4)])
-    source = video_source(store, store, record_ttl_s=0.3, stats_ttl_s=0.1)
+    clock = ManualClock()
+    source = video_source(store, store, record_ttl_s=0.3, stats_ttl_s=0.1, clock=clock)
     assert (source.record_ttl_s, source.stats_ttl_s) == (0.3, 0.1)
     table = RequestFeatureExtractor(SCHEMA).table
     ids = [f"r{i}" for i in range(4)]
@@ -144,12 +144,12 @@ def test_without_change_logs_copies_expire_after_their_ttl() -> None:
     assert (store.asked_videos, store.asked_stats) == (4, 4)  # within both TTLs: no reads
     store.stats["r1"] = VideoStats(plays=5, last_ts=TS)
     store.videos["r2"] = store.videos["r2"].model_copy(update={"hidden": True})
-    time.sleep(0.15)
+    clock.advance(0.15)
     rows = table.lookup(ids, source)
     assert (store.asked_videos, store.asked_stats) == (4, 8)  # counters re-read, records not yet
     assert table.stats_of[rows[1]] == store.stats["r1"]
     assert table.passing(rows, CandidateFilter()).all()  # the hide is not seen before its TTL
-    time.sleep(0.2)
+    clock.advance(0.2)
     rows = table.lookup(ids, source)
     assert store.asked_videos == 8
     assert table.passing(rows, CandidateFilter()).tolist() == [True, True, False, True]

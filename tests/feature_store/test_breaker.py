@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 
@@ -12,6 +10,7 @@ from feature_store.errors import StoreUnavailable
 from feature_store.settings import RedisSettings, Settings
 from feature_store.sparse.factory import connect_redis
 from tests.app.conftest import wait_for
+from tests.factories import ManualClock
 from tests.services import RedisServer
 
 
@@ -57,11 +56,14 @@ def test_stores_translate_an_open_circuit_like_any_redis_failure(tmp_path: objec
 
 
 def test_half_open_lets_one_trial_through_per_interval() -> None:
-    breaker = Breaker("kafka", retry_s=0.2)
+    clock = ManualClock()
+    breaker = Breaker("kafka", retry_s=0.2, clock=clock)
     assert breaker.allow()
     breaker.failed(TimeoutError("no ack"))
     assert not breaker.up and not breaker.allow() and not breaker.allow()
-    time.sleep(0.25)
+    clock.advance(0.19)
+    assert not breaker.allow() and breaker.state()["down_for_s"] == 0.19
+    clock.advance(0.02)
     assert breaker.allow()  # the trial
     assert not breaker.allow()  # others keep failing fast meanwhile
     breaker.succeeded()

@@ -28,14 +28,7 @@ from feature_store.sparse import (
     uniform_rows,
 )
 from feature_store.sparse.initializers import table_seed
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.factories import ManualClock
 
 
 class Backend:
@@ -44,7 +37,7 @@ class Backend:
     def __init__(self, name: str, redis_url: str | None) -> None:
         self.name = name
         self.redis_url = redis_url
-        self.clock = FakeClock()
+        self.clock = ManualClock()
         self._clients: list[redis.Redis | RedisCluster] = []
         self.client = self.new_client() if name != "memory" else None
 
@@ -307,7 +300,7 @@ def test_push_refreshes_ttl(backend: Backend) -> None:
 
 
 def test_memory_expire_sweeps_and_counts() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     table = MemorySparseTable(TableSpec("emb", 2, "adagrad"), SparseSettings(ttl_s=10), clock=clock)
     table.pull(keys_of(1, 2, 3), train=True)
     clock.now += 5

@@ -17,7 +17,7 @@ from feature_store.errors import ConfigurationError
 from feature_store.eventlog.base import ConsumedEvent
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
-from tests.factories import make_event
+from tests.factories import ManualClock, make_event
 from tests.trainer.helpers import wait_until
 from trainer.distributed import GroupSync, dense_tensors, open_group_sync
 
@@ -32,14 +32,6 @@ def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
         c = RedisCluster.from_url(request.getfixturevalue("redis_cluster_url"))  # type: ignore[assignment]
     yield c
     c.close()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def consumed(partition: int, offsets: range) -> list[ConsumedEvent]:
@@ -85,7 +77,7 @@ def _asks(sync: GroupSync) -> bool:
 
 
 def test_the_towers_are_averaged_with_the_ranker(client: redis.Redis) -> None:
-    clock = Clock()
+    clock = ManualClock()
     pairs = [nn.ModuleList([nn.Linear(3, 2), nn.Linear(4, 4)]) for _ in range(2)]
     for value, pair in enumerate(pairs):
         for t in dense_tensors(pair):
@@ -97,7 +89,7 @@ def test_the_towers_are_averaged_with_the_ranker(client: redis.Redis) -> None:
 
 
 def test_members_average_their_dense_networks(client: redis.Redis) -> None:
-    clock = Clock()
+    clock = ManualClock()
     nets = [nn.Linear(3, 2), nn.Linear(3, 2), nn.Linear(3, 2)]
     for value, net in enumerate(nets):
         for t in dense_tensors(net):
@@ -117,7 +109,7 @@ def test_members_average_their_dense_networks(client: redis.Redis) -> None:
 
 
 def test_a_dead_member_drops_out_and_a_misshapen_one_is_ignored(client: redis.Redis) -> None:
-    clock = Clock()
+    clock = ManualClock()
     a, b = nn.Linear(3, 2), nn.Linear(3, 2)
     torch.nn.init.constant_(a.weight, 4.0)
     torch.nn.init.constant_(b.weight, 0.0)
@@ -144,7 +136,7 @@ def test_group_sync_needs_redis_sparse_tables(tmp_path: object) -> None:
 def test_average_keeps_the_dtype_and_shapes(client: redis.Redis) -> None:
     net = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4))
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    clock = Clock()
+    clock = ManualClock()
     GroupSync(client, "g", member="twin", clock=clock).average(net, samples=0)
     GroupSync(client, "g", member="me", clock=clock).average(net, samples=0)
     for key, value in net.state_dict().items():
@@ -163,7 +155,7 @@ def _settle(*syncs: GroupSync) -> None:
 
 
 def test_gloo_members_average_by_all_reduce(client: redis.Redis) -> None:
-    clock = Clock()
+    clock = ManualClock()
     nets = [nn.Linear(3, 2), nn.Linear(3, 2)]
     for value, net in zip((0.0, 2.0), nets, strict=True):
         for t in dense_tensors(net):
@@ -185,7 +177,7 @@ def test_gloo_members_average_by_all_reduce(client: redis.Redis) -> None:
 
 
 def test_a_gloo_round_with_a_dead_member_fails_without_blocking(client: redis.Redis) -> None:
-    clock = Clock()
+    clock = ManualClock()
     net = nn.Linear(3, 2)
     before = net.weight.detach().clone()
     sync = GroupSync(client, "g", member="a", every_s=1.0, clock=clock, gloo_address="127.0.0.1")
@@ -205,7 +197,7 @@ def test_a_gloo_round_with_a_dead_member_fails_without_blocking(client: redis.Re
 
 
 def test_gloo_rounds_do_not_pile_up_in_the_leaders_store(client: redis.Redis) -> None:
-    clock = Clock()
+    clock = ManualClock()
     nets = [nn.Linear(3, 2), nn.Linear(3, 2)]
     syncs = [
         GroupSync(client, "g", member=m, every_s=1.0, clock=clock, gloo_address="127.0.0.1")
