@@ -297,24 +297,10 @@ class OnlineTrainer:
         if events:
             self._retry(lambda: self.resources.training_activity.record(events, lookup.videos))
         self._retry(self.trainer.settle)  # the pushes land before the journal line
-        for r in records:
-            if r.offset + 1 > self.positions.get(r.partition, 0):
-                self.positions[r.partition] = r.offset + 1
-            if r.log_ts > self.log_times.get(r.partition, 0):
-                self.log_times[r.partition] = r.log_ts
-        ids = [e.event_id for e in events]
-        if self.durable_sparse and ids:
-            with open(self.root / JOURNAL_FILE, "a") as fh:
-                fh.write(json.dumps(ids) + "\n")
-        if group is not None:  # the group's progress, right after the journal line
-            self._retry(lambda: group.trained(records))
-        if self.served is not None and records:
-            self.served.trained_to(max(r.log_ts for r in records))
+        self._record_trained(records, [e.event_id for e in events])
         # The towers train on buffered positives after the batch is recorded as trained:
         # a crash in between loses a step of the towers, never trains an event twice.
         self._train_retrieval()
-        if self.cfg.audit:
-            self._trained_ids += ids
         self._batches_since_export += 1
         self.metrics.observe_batch(
             len(records),
@@ -323,6 +309,25 @@ class OnlineTrainer:
             keys,
             time.perf_counter() - started,
         )
+
+    def _record_trained(self, records: list[ConsumedEvent], ids: list[str]) -> None:
+        """A trained batch's positions, journal line (``ids``: its fresh events), group
+        progress, served-log progress and audit trail."""
+        for r in records:
+            if r.offset + 1 > self.positions.get(r.partition, 0):
+                self.positions[r.partition] = r.offset + 1
+            if r.log_ts > self.log_times.get(r.partition, 0):
+                self.log_times[r.partition] = r.log_ts
+        if self.durable_sparse and ids:
+            with open(self.root / JOURNAL_FILE, "a") as fh:
+                fh.write(json.dumps(ids) + "\n")
+        group = self.group
+        if group is not None:  # the group's progress, right after the journal line
+            self._retry(lambda: group.trained(records))
+        if self.served is not None and records:
+            self.served.trained_to(max(r.log_ts for r in records))
+        if self.cfg.audit:
+            self._trained_ids += ids
 
     def _train_retrieval(self) -> None:
         """The towers' steps over the buffered positives (after the ranker's pushes
@@ -655,35 +660,48 @@ class OnlineTrainer:
                 if seq is None or int(path.stem) > seq:
                     path.unlink()
         if seq is not None:
-            directory = self.checkpointer.path(seq)
-            state = json.loads((directory / STATE_FILE).read_text())
-            same_schema = state.get("schema_hash") in (None, self.schema.schema_hash())
-            self._restore_network(seq, directory, state, same_schema)
-            self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
-            if self.retrieval is not None and same_schema:
-                self.retrieval.restore(directory)
-            if not self.durable_sparse:
-                for name, table in self.resources.tables.items():
-                    if (directory / "sparse" / name).is_dir():
-                        table.restore(directory / "sparse" / name)
-            if self.in_process_stores and (directory / "activity").is_dir():
-                self.resources.training_activity.restore(directory / "activity")
-            self.positions = {int(p): int(o) for p, o in state["positions"].items()}
-            self.log_times = {int(p): int(t) for p, t in state.get("log_times", {}).items()}
-            shown_file = directory / SHOWN_FILE
-            shown = np.load(shown_file) if shown_file.is_file() else np.zeros((0, 0), np.uint64)
-            if not same_schema:
-                shown = np.zeros((0, 0), np.uint64)
-            self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
-            if "watch_quantiles" in state:
-                self.joiner.policy.watch.load_state(state["watch_quantiles"])
-            self.metrics.restore_totals(state)
-            if self.served is not None and state.get("served_join"):
-                self.served.load_counts(state["served_join"])
-            self.last_version = state.get("last_version")
-            self.seq = seq
-            log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)
+            self._restore_checkpoint(seq)
         self._replay_journal()
+
+    def _restore_checkpoint(self, seq: int) -> None:
+        directory = self.checkpointer.path(seq)
+        state = json.loads((directory / STATE_FILE).read_text())
+        same_schema = state.get("schema_hash") in (None, self.schema.schema_hash())
+        self._restore_network(seq, directory, state, same_schema)
+        self.dedupe.load_array(np.load(directory / DEDUPE_FILE))
+        if self.retrieval is not None and same_schema:
+            self.retrieval.restore(directory)
+        self._restore_stores(directory)
+        self.positions = {int(p): int(o) for p, o in state["positions"].items()}
+        self.log_times = {int(p): int(t) for p, t in state.get("log_times", {}).items()}
+        self._restore_joiner(directory, state, same_schema)
+        self.metrics.restore_totals(state)
+        if self.served is not None and state.get("served_join"):
+            self.served.load_counts(state["served_join"])
+        self.last_version = state.get("last_version")
+        self.seq = seq
+        log.info("restored checkpoint %d (%d events trained)", seq, self.metrics.events_total)
+
+    def _restore_stores(self, directory: Path) -> None:
+        """The in-process sparse tables and activity a checkpoint holds (durable tables
+        and shared stores keep their own state)."""
+        if not self.durable_sparse:
+            for name, table in self.resources.tables.items():
+                if (directory / "sparse" / name).is_dir():
+                    table.restore(directory / "sparse" / name)
+        if self.in_process_stores and (directory / "activity").is_dir():
+            self.resources.training_activity.restore(directory / "activity")
+
+    def _restore_joiner(self, directory: Path, state: dict[str, Any], same_schema: bool) -> None:
+        """The pending impressions (dropped when written for another schema: their packed
+        values mean something else) and the watch head's quantiles."""
+        shown_file = directory / SHOWN_FILE
+        shown = np.load(shown_file) if shown_file.is_file() else np.zeros((0, 0), np.uint64)
+        if not same_schema:
+            shown = np.zeros((0, 0), np.uint64)
+        self.joiner.load_state(state.get("joiner", {}) if len(shown) else {}, shown)
+        if "watch_quantiles" in state:
+            self.joiner.policy.watch.load_state(state["watch_quantiles"])
 
     def _restore_network(
         self, seq: int, directory: Path, state: dict[str, Any], same_schema: bool

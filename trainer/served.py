@@ -362,12 +362,48 @@ class ServedJoin:
         with: ``(positions, (n, W) values, (n,) scores)``. Waits as the module doc says."""
         if self._wanted is None:
             self.follow(None, None)
-        now = _now_ms()
         named = [  # a fallback's id says nothing was logged: no record to wait for
             (i, e.recommendation_id)
             for i, e in enumerate(events)
             if e.recommendation_id is not None and logged_response(e.recommendation_id)
         ]
+        entries, late = self._read_records(named, partitions, log_times)
+        found: list[int] = []
+        rows: list[npt.NDArray[np.uint64]] = []
+        scores: list[float] = []
+        contexts: list[FeatureRow] = []
+        outcomes: Counter[str] = Counter()
+        for i, rec_id in named:
+            entry = entries[rec_id]
+            if entry is None:
+                outcomes["late" if rec_id in late else "missing"] += 1
+                continue
+            joined = self._join(events[i], entry[0])
+            if isinstance(joined, str):
+                outcomes[joined] += 1
+                continue
+            found.append(i)
+            rows.append(joined[0])
+            contexts.append(joined[1])
+            scores.append(joined[2])
+        outcomes["joined"] = len(found)
+        self._count(outcomes)
+        if not found:
+            return [], np.zeros((0, self.layout.width), np.uint64), np.zeros(0)
+        packed = np.stack(rows)
+        for j, col in self._context_columns:
+            packed[:, j] = self.extractor.keys(col, contexts)
+        return found, packed, np.array(scores)
+
+    def _read_records(
+        self,
+        named: list[tuple[int, str]],
+        partitions: Sequence[int] | None,
+        log_times: Sequence[int] | None,
+    ) -> tuple[dict[str, tuple[ServedRecord, int] | None], set[str]]:
+        """The served records the ``(position, recommendation_id)`` pairs name (None: not
+        read), after waiting for the unread ones; and the ids given up as late."""
+        now = _now_ms()
         with self._cond:
             unread = [
                 (rec_id, partitions[i] if partitions is not None else -1,
@@ -381,49 +417,31 @@ class ServedJoin:
             late = self._await(unread)
             self.waited_s += time.monotonic() - started
         with self._cond:
-            entries = {rec_id: self._records.get(rec_id) for _, rec_id in named}
-        found: list[int] = []
-        rows: list[npt.NDArray[np.uint64]] = []
-        scores: list[float] = []
-        contexts: list[FeatureRow] = []
-        outcomes: Counter[str] = Counter()
-        for i, rec_id in named:
-            event = events[i]
-            entry = entries[rec_id]
-            if entry is None:
-                outcomes["late" if rec_id in late else "missing"] += 1
-                continue
-            record = entry[0]
-            at = record.position_of(event.video_id)
-            if at is None or record.user_id != event.user_id:
-                outcomes["unknown"] += 1
-                continue
-            if not self._fits(record):
-                outcomes["other_schema"] += 1
-                continue
-            item = record.items[at]
-            own = record.model_version is not None and (
-                family_of(record.model_version) == self.family
-            )
-            values = np.empty(self.layout.width, dtype=np.uint64)
-            values[self.layout.request_slots] = record.request_values
-            values[self.layout.item_slots] = record.item_values[at]
-            shown = record.context.model_copy(update={"position": item.position})
-            context = merge_context(event.context, shown)
-            contexts.append(FeatureRow(record.user_id, event.video_id, record.ts_ms, None, context))
-            found.append(i)
-            rows.append(values)
-            # Another family's score (an experiment's other arm, or the live family seen by
-            # a retrain) is not this model's prediction: scored by this model instead.
-            scores.append(item.score if own else np.nan)
-        outcomes["joined"] = len(found)
-        self._count(outcomes)
-        if not found:
-            return [], np.zeros((0, self.layout.width), np.uint64), np.zeros(0)
-        packed = np.stack(rows)
-        for j, col in self._context_columns:
-            packed[:, j] = self.extractor.keys(col, contexts)
-        return found, packed, np.array(scores)
+            return {rec_id: self._records.get(rec_id) for _, rec_id in named}, late
+
+    def _join(
+        self, event: Event, record: ServedRecord
+    ) -> str | tuple[npt.NDArray[np.uint64], FeatureRow, float]:
+        """``event``'s shown moment from its response's record: the values, the feature
+        row of its context and the score it was served with; or why not (an outcome)."""
+        at = record.position_of(event.video_id)
+        if at is None or record.user_id != event.user_id:
+            return "unknown"
+        if not self._fits(record):
+            return "other_schema"
+        item = record.items[at]
+        own = record.model_version is not None and (
+            family_of(record.model_version) == self.family
+        )
+        values = np.empty(self.layout.width, dtype=np.uint64)
+        values[self.layout.request_slots] = record.request_values
+        values[self.layout.item_slots] = record.item_values[at]
+        shown = record.context.model_copy(update={"position": item.position})
+        context = merge_context(event.context, shown)
+        row = FeatureRow(record.user_id, event.video_id, record.ts_ms, None, context)
+        # Another family's score (an experiment's other arm, or the live family seen by
+        # a retrain) is not this model's prediction: scored by this model instead.
+        return values, row, item.score if own else np.nan
 
     def _count(self, outcomes: Counter[str]) -> None:
         for name, n in outcomes.items():

@@ -266,6 +266,59 @@ def assemble(
     test_idx = np.array([index[e] for e in split.test], dtype=np.int64)
     # The trainer's join window: samples of one (user, video) within it are one moment.
     rows = _Rows.of(weighted, test_idx, cfg.windows, settings.trainer.join_window_ms)
+    models, skipped = _model_rows(cfg, rows, weighted, offline, queries)
+    fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
+    test_user_rows = [weighted.user_ids[i] for i in test_idx.tolist()]
+    new_users, new_rows = _new_test_users(fit_users, test_user_rows)
+    labels = weighted.labels
+    return EvalResult(
+        dataset=str(cfg.dataset),
+        title=_title(stream.name, cfg),
+        protocol=cfg.protocol,
+        negatives=cfg.negatives,
+        catalog=stream.catalog,
+        shift_days=stream.shift_ms / _DAY_MS,
+        rejected_rows=stream.rejected.count,
+        rejected_examples=stream.rejected.examples,
+        events=len(stream.events),
+        samples=len(weighted.event_ids),
+        test_rows=len(test_idx),
+        test_moments=len(rows.moment_first),
+        positive_rate=float(labels.mean()) if len(labels) else math.nan,
+        new_test_users=new_users,
+        new_test_rows=new_rows,
+        models=models,
+        window_ends_ms=[int(weighted.ts_ms[b - 1]) for _, b in rows.slices],
+        test_start_ms=split.test_start_ts,
+        offline_epochs=offline.epochs,
+        offline_best_epoch=offline.best_epoch,
+        queries=len(queries),
+        k=cfg.cutoff,
+        candidates_per_query=_candidates_per_query(cfg, queries),
+        service_candidate_recall=(
+            sum(q.rank is not None for q in queries) / len(queries) if queries else math.nan
+        ),
+        service_fallbacks=fallbacks,
+        user_attributes=bool(stream.users) and cfg.user_attributes,
+        positive_watch_ratio=settings.features.positive_watch_ratio,
+        seconds=time.perf_counter() - timing.started,
+        online_seconds=timing.online_seconds,
+        offline_seconds=timing.offline_seconds,
+        events_per_s=len(stream.events) / max(timing.online_seconds, 1e-9),
+        heads=dict(heads or {}),
+        full_ranking=cfg.full_ranking,
+        skipped=skipped,
+    )
+
+
+def _model_rows(
+    cfg: EvalConfig,
+    rows: _Rows,
+    weighted: ScoredSamples,
+    offline: OfflineResult,
+    queries: list[Query],
+) -> tuple[list[ModelFigures], list[str]]:
+    """Every model's figures, in the report's order, and the rows skipped (and why)."""
     k = cfg.cutoff
     models = [rows.figures("online Wide&Deep", weighted.scores, [q.rank for q in queries], k)]
     nothing = np.full(len(weighted.event_ids), np.nan)
@@ -294,51 +347,24 @@ def assemble(
     models.append(off)
     if queries:  # what the model's ranking adds over its own candidates' source order
         models.append(rows.figures(POOL_ROW, nothing, [q.pool_rank for q in queries], k))
-    fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
-    test_user_rows = [weighted.user_ids[i] for i in test_idx.tolist()]
+    return models, skipped
+
+
+def _new_test_users(fit_users: set[str], test_user_rows: list[str]) -> tuple[float, float]:
+    """Shares of the test rows' users, and of the test rows, whose user the first 80%
+    never saw."""
     test_users = set(test_user_rows)
-    labels = weighted.labels
-    return EvalResult(
-        dataset=str(cfg.dataset),
-        title=_title(stream.name, cfg),
-        protocol=cfg.protocol,
-        negatives=cfg.negatives,
-        catalog=stream.catalog,
-        shift_days=stream.shift_ms / _DAY_MS,
-        rejected_rows=stream.rejected.count,
-        rejected_examples=stream.rejected.examples,
-        events=len(stream.events),
-        samples=len(weighted.event_ids),
-        test_rows=len(test_idx),
-        test_moments=len(rows.moment_first),
-        positive_rate=float(labels.mean()) if len(labels) else math.nan,
-        new_test_users=len(test_users - fit_users) / max(1, len(test_users)),
-        new_test_rows=sum(u not in fit_users for u in test_user_rows) / max(1, len(test_user_rows)),
-        models=models,
-        window_ends_ms=[int(weighted.ts_ms[b - 1]) for _, b in rows.slices],
-        test_start_ms=split.test_start_ts,
-        offline_epochs=offline.epochs,
-        offline_best_epoch=offline.best_epoch,
-        queries=len(queries),
-        k=k,
-        candidates_per_query=(
-            float(np.mean([len(q.candidates) for q in queries]))
-            if queries and cfg.protocol == "loo" else 0.0
-        ),
-        service_candidate_recall=(
-            sum(q.rank is not None for q in queries) / len(queries) if queries else math.nan
-        ),
-        service_fallbacks=fallbacks,
-        user_attributes=bool(stream.users) and cfg.user_attributes,
-        positive_watch_ratio=settings.features.positive_watch_ratio,
-        seconds=time.perf_counter() - timing.started,
-        online_seconds=timing.online_seconds,
-        offline_seconds=timing.offline_seconds,
-        events_per_s=len(stream.events) / max(timing.online_seconds, 1e-9),
-        heads=dict(heads or {}),
-        full_ranking=cfg.full_ranking,
-        skipped=skipped,
+    return (
+        len(test_users - fit_users) / max(1, len(test_users)),
+        sum(u not in fit_users for u in test_user_rows) / max(1, len(test_user_rows)),
     )
+
+
+def _candidates_per_query(cfg: EvalConfig, queries: list[Query]) -> float:
+    """Mean candidates ranked per leave-one-out question (0 for the retrieval protocol)."""
+    if not queries or cfg.protocol != "loo":
+        return 0.0
+    return float(np.mean([len(q.candidates) for q in queries]))
 
 
 def _title(name: str, cfg: EvalConfig) -> str:

@@ -275,42 +275,51 @@ class ExperimentFeed:
 
     def _count(self, records: list[ConsumedEvent]) -> None:
         self._catch_up()
-        index = self._index
-        now_ms = int(time.time() * 1000)
-        unknown = [  # a fallback's id has no record to wait for (its id says so)
-            r for r in records
-            if r.event.recommendation_id is not None
-            and logged_response(r.event.recommendation_id)
-            and not index.knows(r.event.recommendation_id)
-            and r.log_ts >= now_ms - RECENT_MS
-        ]
-        if unknown:  # served records not read yet? wait for them once
-            wanted = {r.event.recommendation_id or "" for r in unknown}
-            deadline = time.monotonic() + WAIT_S
-            while wanted and time.monotonic() < deadline:
-                self._catch_up(0.02)
-                wanted = {rec_id for rec_id in wanted if not index.knows(rec_id)}
-            index.give_up(wanted)
+        self._await_served(records)
         newest: dict[int, int] = {}
         for record in records:
             tally = self.tallies.get(record.partition)
             if tally is None or record.log_ts < self._starts.get(record.partition, 0):
                 continue
-            live = tally.offset is None or record.offset >= tally.offset
-            event = record.event
-            rec_id = event.recommendation_id
-            tag = index.arms.get(rec_id) if rec_id is not None else None
-            if tag is not None and tag.user_id == event.user_id:
-                tally.apply(event, record.log_ts, tag, live)
-                self.counted += live
-            if live:
-                tally.offset = record.offset + 1
-                tally.log_ts = record.log_ts
+            self._count_one(tally, record)
             newest[record.partition] = record.log_ts
         for partition, log_ts in newest.items():
             self.tallies[partition].expire(log_ts)
         if newest:
-            index.trim(min(newest.values()))
+            self._index.trim(min(newest.values()))
+
+    def _await_served(self, records: list[ConsumedEvent]) -> None:
+        """Wait (once, at most ``WAIT_S``) for the served records of recent events whose
+        response this feed has not read yet; past that, their ids are given up."""
+        index = self._index
+        now_ms = int(time.time() * 1000)
+        wanted = {  # a fallback's id has no record to wait for (its id says so)
+            rec_id for r in records
+            if (rec_id := r.event.recommendation_id) is not None
+            and logged_response(rec_id)
+            and not index.knows(rec_id)
+            and r.log_ts >= now_ms - RECENT_MS
+        }
+        if not wanted:
+            return
+        deadline = time.monotonic() + WAIT_S
+        while wanted and time.monotonic() < deadline:
+            self._catch_up(0.02)
+            wanted = {rec_id for rec_id in wanted if not index.knows(rec_id)}
+        index.give_up(wanted)
+
+    def _count_one(self, tally: PartitionTally, record: ConsumedEvent) -> None:
+        """One record into its partition's tally (counted when past the checkpoint)."""
+        live = tally.offset is None or record.offset >= tally.offset
+        event = record.event
+        rec_id = event.recommendation_id
+        tag = self._index.arms.get(rec_id) if rec_id is not None else None
+        if tag is not None and tag.user_id == event.user_id:
+            tally.apply(event, record.log_ts, tag, live)
+            self.counted += live
+        if live:
+            tally.offset = record.offset + 1
+            tally.log_ts = record.log_ts
 
     def save(self) -> None:
         """Checkpoint every partition this feed holds (totals of experiments still in the
