@@ -278,19 +278,30 @@ def _args(body: ActionRequest) -> dict[str, Any]:
     return body.model_dump(exclude={"id", "target"})
 
 
+def _served_version(service: Service) -> str | None:
+    return service.model.version if service.model is not None else None
+
+
 async def _await_served(
-    service: Service, version: str, timeout_s: float
+    service: Service, version: str, timeout_s: float, served_before: str | None
 ) -> tuple[bool, str | None]:
     """(True, None) once the service serves ``version``, or a newer version of its family
     that replaced it (its family's trainer exported and activated again meanwhile: with
     a short export interval that can happen before the holder's next poll); (False,
-    reason) if it refused or never got there."""
+    reason) if it refused or never got there.
+
+    ``served_before`` is what the service served when the action began: it never
+    counts as a replacement (rolling back from v2 to v1 must not end while v2,
+    a later export of v1's family, is still served)."""
     deadline = time.monotonic() + timeout_s
     registry = service.resources.registry
     wanted = await asyncio.to_thread(registry.manifest, version)
     while time.monotonic() < deadline:
         model = service.model
-        if model is not None and (model.version == version or _replaced(model.manifest, wanted)):
+        if model is not None and (
+            model.version == version
+            or (model.version != served_before and _replaced(model.manifest, wanted))
+        ):
             return True, None
         if version in service.holder.failed:
             return False, service.holder.failed[version]
@@ -319,6 +330,7 @@ async def _export_served(
     """
     version = str(result.get("version", ""))
     registry = service.resources.registry
+    served_before = _served_version(service)
     active = await asyncio.to_thread(registry.active)
     if active != version:
         served = service.model.version if service.model is not None else None
@@ -331,7 +343,7 @@ async def _export_served(
         return "done", f"exported {version} (not activated: {why}); serving {served}", {
             **result, "activated": False, "served": served,
         }
-    ok, reason = await _await_served(service, version, timeout_s)
+    ok, reason = await _await_served(service, version, timeout_s, served_before)
     if ok:
         return "done", f"exported {version} (active and served)", {
             **result, "activated": True, "served": version,
@@ -350,8 +362,9 @@ async def _promote(
 ) -> tuple[str, str, dict[str, Any]]:
     registry = service.resources.registry
     before = await asyncio.to_thread(registry.active)
+    served_before = _served_version(service)
     await asyncio.to_thread(registry.activate, version)  # NotFound for an unknown version
-    served, reason = await _await_served(service, version, timeout_s)
+    served, reason = await _await_served(service, version, timeout_s, served_before)
     if served:
         return "done", f"{version} is active and served", {"version": version, "previous": before}
     if await asyncio.to_thread(registry.active) == version and before is not None:
@@ -362,8 +375,9 @@ async def _promote(
 async def _rollback(service: Service, timeout_s: float) -> tuple[str, str, dict[str, Any]]:
     registry = service.resources.registry
     before = await asyncio.to_thread(registry.active)
+    served_before = _served_version(service)
     version = await asyncio.to_thread(registry.rollback)  # Conflict: nothing to go back to
-    served, reason = await _await_served(service, version, timeout_s)
+    served, reason = await _await_served(service, version, timeout_s, served_before)
     if served:
         now = service.model.version if service.model is not None else version
         return "done", f"rolled back from {before} to {version}", {

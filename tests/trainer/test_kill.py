@@ -129,8 +129,9 @@ def test_sigkill_mid_stream_loses_nothing_and_trains_nothing_twice(
     seen_by_killed = _status(tmp_path).get("events_total", 0)
     checkpointed = _checkpointed_events(tmp_path)
     print(f"killed after {seen_by_killed} events consumed, {checkpointed} checkpointed")
+    # (The status file is a sampled metric written at its own pace: it may lag the
+    # checkpoint by a batch or two, so only the checkpoint says where the kill fell.)
     assert 0 < checkpointed < EVENTS, "the kill came too late to test anything"
-    assert seen_by_killed >= checkpointed
 
     second = _start(env, log_path)
     try:
