@@ -107,8 +107,10 @@ def attribute_names(cls: ast.ClassDef) -> set[str]:
 
 @functools.cache
 def sources() -> tuple[Path, ...]:
+    this = Path(__file__).resolve()  # its own strings name what must not be found
     return tuple(
-        ROOT / f for f in tracked() if f.endswith(".py") and f.split("/")[0] in PACKAGES
+        ROOT / f for f in tracked()
+        if f.endswith(".py") and f.split("/")[0] in PACKAGES and ROOT / f != this
     )
 
 
