@@ -50,7 +50,7 @@ from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
-from feature_store.signals.feedback import MemoryFeedback, attach_feedback
+from feature_store.signals.feedback import MemoryFeedback, UserFeedback
 from feature_store.signals.feedback.base import needs_creator
 from feature_store.worker import Worker
 
@@ -73,10 +73,12 @@ def feed_group(resources: Resources) -> str:
 class SignalFeed:
     """A thread consuming the event log into the candidate signals."""
 
-    def __init__(self, resources: Resources, signals: CandidateSignals) -> None:
+    def __init__(
+        self, resources: Resources, signals: CandidateSignals, feedback: UserFeedback
+    ) -> None:
         self.resources = resources
         self.signals = signals
-        self.feedback = attach_feedback(resources)
+        self.feedback = feedback
         """Per-user feedback: engagements clear served entries, dislikes are noted."""
         self.recorded = 0
         """Events recorded since start."""
@@ -174,8 +176,10 @@ class SignalFeed:
 
 
 @contextmanager
-def run_signal_feed(resources: Resources, signals: CandidateSignals) -> Iterator[SignalFeed]:
-    feed = SignalFeed(resources, signals)
+def run_signal_feed(
+    resources: Resources, signals: CandidateSignals, feedback: UserFeedback
+) -> Iterator[SignalFeed]:
+    feed = SignalFeed(resources, signals, feedback)
     feed.start()
     try:
         yield feed

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import re
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -184,6 +186,8 @@ def settings_models() -> dict[str, type[BaseModel]]:
 
 def dotted_exists(token: str) -> bool:
     parts = token.split(".")
+    if parts[0] in sys.stdlib_module_names:  # ``dataclasses.replace``
+        return hasattr(importlib.import_module(parts[0]), parts[1])
     found = module_file(parts)
     if found is not None:
         path, rest = found

@@ -334,7 +334,7 @@ class _Online:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
             replay = self.replay_factory(resources)
-            feed = SignalFeed(resources, service.signals)
+            feed = SignalFeed(resources, service.signals, service.feedback)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
                 for query in queries:
