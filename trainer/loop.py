@@ -56,8 +56,9 @@ from prometheus_client import CollectorRegistry
 
 from feature_store import tracing
 from feature_store.errors import BackendUnavailable, Conflict
+from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
-from feature_store.events import Event, EventType
+from feature_store.events import Event
 from feature_store.features.values import FeatureValues
 from feature_store.model_io import HEADS
 from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
@@ -82,6 +83,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 JOURNAL_FILE = "journal.jsonl"
+SHOWN = of_types("shows")
+"""Impressions: the moments the current model scores as shown."""
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -366,7 +369,7 @@ class OnlineTrainer:
         layout = self.trainer.extractor.layout
         values = np.zeros((len(events), layout.width), dtype=np.uint64)
         scores = np.full(len(events), np.nan)
-        shown = [i for i, e in enumerate(events) if e.type is EventType.IMPRESSION]
+        shown = [i for i, e in enumerate(events) if e.type in SHOWN]
         named = [i for i, e in enumerate(events) if e.recommendation_id is not None]
         served: list[int] = []
         if self.served is not None and named:
