@@ -112,29 +112,24 @@ class HeadSpec:
 
 
 def _engagement(o: Outcome) -> float:
+    """1 if the user valued the video, 0 if not (a timed-out impression too)."""
     return NAN if o.valued is None else float(o.valued)
 
 
 def _watch(o: Outcome) -> float:
+    """The watch ratio of an event judged by its watch (a play with a duration)."""
     return NAN if o.ratio is None else o.ratio
 
 
 def _negative(o: Outcome) -> float:
+    """1 for an explicit negative (skip, dislike); 0 for every other labelled event."""
     return 1.0 if o.meaning.verdict == "negative" else 0.0
 
 
 HEADS: tuple[HeadSpec, ...] = (
-    HeadSpec(
-        "engagement", _engagement, "engagement",
-        fusion_weight=1.0, output="score",
-    ),
-    HeadSpec(
-        "watch", _watch, "watch quantile",
-        metric="rank", target="watch_quantile",
-    ),
-    HeadSpec(
-        "negative", _negative, "negative (skip, dislike)", prior_rate=0.05,
-    ),
+    HeadSpec("engagement", _engagement, "engagement", fusion_weight=1.0, output="score"),
+    HeadSpec("watch", _watch, "watch quantile", metric="rank", target="watch_quantile"),
+    HeadSpec("negative", _negative, "negative (skip, dislike)", prior_rate=0.05),
 )
 """Every ranking head, in the order of the model's outputs; the first is the primary."""
 
