@@ -78,20 +78,14 @@ class OnlineReplay:
     def _collect(self, samples: list[Sample], scores: np.ndarray) -> None:
         self._parts.append(_scored(samples, scores))
 
-    def drain(self, limit: int | None = None) -> ScoredSamples:
-        """Train on the events produced so far, at most ``limit`` of them (None: all), in
-        steps of ``trainer.batch_size``; the samples trained, scored before training."""
+    def drain(self) -> ScoredSamples:
         gc_before = gc.get_threshold()
         if self.loop.cfg.gc_threshold:
             gc.set_threshold(self.loop.cfg.gc_threshold, 20, 100)
-        left = -1 if limit is None else limit
         try:
-            while left and (records := self.consumer.poll(
-                self.batch_size if left < 0 else min(self.batch_size, left), 0.0
-            )):
+            while records := self.consumer.poll(self.batch_size, 0.0):
                 self.loop.train_records(records)
-                left -= len(records) if left > 0 else 0
-            self.consumer.commit()
+                self.consumer.commit()
         finally:
             gc.set_threshold(*gc_before)
         out, self._parts = ScoredSamples.concat(self._parts), []

@@ -8,6 +8,8 @@ and stores):
    records them into the candidate signals and the online trainer
    (``trainer.offline.OnlineReplay``, handed in by ``app.wiring``) trains on
    them batch by batch, each batch scored *before* its step (prequential);
+   both are exact to each question's moment (a question cuts the trainer's
+   batch short there);
 2. at each query, before any event at or after its moment is produced, the
    newest network is exported (when ``export_every`` events were trained
    since the last export), hot-swapped into the service, and the service's
@@ -45,6 +47,13 @@ Then, on the very samples the trainer labelled (weight > 0):
 
 Every model's AUC "on the last 20%" is over exactly the same rows, per
 sample and per moment (:func:`~app.evaluation.metrics.moments`).
+
+Cost (``docs/evaluation.md``): exports are scheduled by
+event count (``export_every`` events trained, checked at each question), never
+by wall time; nothing of the temporary deployment is persisted (event log,
+signal snapshots, served log); from :data:`PARALLEL_FROM_EVENTS` events the
+offline model trains in a second process while this one computes the
+baselines.
 """
 
 from __future__ import annotations
@@ -103,9 +112,8 @@ log = logging.getLogger(__name__)
 class ReplayHandle(typing.Protocol):  # ``Protocol`` here names the eval protocols
     """The online trainer consuming the event log in the caller's thread."""
 
-    def drain(self, limit: int | None = None) -> ScoredSamples:
-        """Train on the events produced so far, at most ``limit`` of them (None: all); the
-        samples trained, scored before training."""
+    def drain(self) -> ScoredSamples:
+        """Train on every event produced so far; the samples trained, scored before training."""
         ...
 
     def export(self) -> str:
@@ -334,9 +342,6 @@ class _Online:
         self.parts: list[ScoredSamples] = []
         self.weighted = 0
         self.position = 0
-        """Events produced (and recorded by the signal feed)."""
-        self.trained = 0
-        """Events trained on: whole batches only, at most one batch behind ``position``."""
         self.since_export = math.inf
         self.fallbacks: dict[str, int] = {}
         self.heads: dict[str, float] = {}
@@ -360,7 +365,6 @@ class _Online:
                         self.since_export = 0
                     self._ask(service, query)
                 self._advance(len(self.events), replay, feed, consumer)
-                self._train(replay, len(self.events))
                 self.heads = replay.heads()
             finally:
                 consumer.close()
@@ -369,28 +373,17 @@ class _Online:
         return ScoredSamples.concat(self.parts)
 
     def _advance(self, target: int, replay: ReplayHandle, feed: SignalFeed, consumer: Any) -> None:
-        """Serving's state up to event ``target`` exactly; the trainer in whole batches up
-        to it (a question between two batches' starts sees the model, tables and
-        trainer's state of the earlier one: at most ``batch_size - 1`` events behind,
-        and the training batches are those of a replay without questions)."""
         while self.position < target:
             end = min(target, self.position + _CHUNK)
             self.resources.event_log.produce(self.events[self.position : end])
             while feed.step(consumer) == POLL_RECORDS:
                 pass
+            scored = replay.drain()
+            self.parts.append(scored)
+            self.weighted += int((scored.weights > 0).sum())
+            self.since_export += end - self.position
             self.progress.update(end - self.position)
             self.position = end
-            batch = self.resources.settings.trainer.batch_size
-            self._train(replay, self.trained + (end - self.trained) // batch * batch)
-
-    def _train(self, replay: ReplayHandle, upto: int) -> None:
-        if upto <= self.trained:
-            return
-        scored = replay.drain(upto - self.trained)
-        self.parts.append(scored)
-        self.weighted += int((scored.weights > 0).sum())
-        self.since_export += upto - self.trained
-        self.trained = upto
 
     def _ask(self, service: Any, query: Query) -> None:
         self.now_s = query.ts / 1000.0
