@@ -7,9 +7,11 @@ videos once scored 0.92 for users who never watched their category. Here a
 its counters instead.
 
 **Exposure and engagement** of a video, from its lifetime counters: ``e`` =
-the largest of plays, finishes, likes and shares (one engaged view often
+the largest of the counters of chosen events (plays, finishes, likes and
+shares: :data:`feature_store.event_types.CHOSEN_COUNTERS`, the events that
+can carry the engagement head's positive label; one chosen view often
 logs several of them, so their sum would count it several times; the
-largest is a lower bound on engaged views), ``n`` = the larger of its
+largest is a lower bound on chosen views), ``n`` = the larger of its
 impressions and ``e`` (a client that logs no impressions still shows what
 it plays).
 
@@ -69,6 +71,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.scoring.video_table import VideoTable
+from feature_store.event_types import CHOSEN_COUNTERS
 from feature_store.features.dense import STAT_FIELDS
 from feature_store.features.extract import Indices
 from feature_store.settings import RerankSettings
@@ -77,7 +80,7 @@ DEFAULT_RATE = 0.1
 """New-video engagement rate assumed before any counters are held."""
 
 _IMPRESSIONS = STAT_FIELDS.index("impressions")
-_ENGAGED = [STAT_FIELDS.index(name) for name in ("plays", "finishes", "likes", "shares")]
+_CHOSEN = [STAT_FIELDS.index(name) for name in CHOSEN_COUNTERS]
 
 Floats = npt.NDArray[np.float64]
 Reals = npt.NDArray[np.floating]
@@ -96,8 +99,8 @@ def sigmoid(x: Floats) -> Floats:
 
 def exposure(stats: Floats) -> tuple[Floats, Floats]:
     """``(n, e)`` per row of counter rows (``STAT_FIELDS`` columns): see the module doc."""
-    engaged = stats[:, _ENGAGED].max(axis=1) if len(stats) else np.zeros(0)
-    return np.maximum(stats[:, _IMPRESSIONS], engaged), engaged
+    chosen = stats[:, _CHOSEN].max(axis=1) if len(stats) else np.zeros(0)
+    return np.maximum(stats[:, _IMPRESSIONS], chosen), chosen
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,8 @@ class NewVideos:
     """Positions (into the candidates) of the new videos."""
     alpha: Floats
     beta: Floats
-    engaged: Floats
-    """Engaged views of each (``e``); the prior replaces the model's score where it is 0."""
+    chosen: Floats
+    """Chosen views of each (``e``); the prior replaces the model's score where it is 0."""
     fresh: npt.NDArray[np.bool_]
     """Uploaded within ``rerank.explore_max_age_s``: may take an exploration slot."""
 

@@ -62,7 +62,9 @@ kept, 422 when none was, with each rejected item's index and field.
 
 **First minute.** Until the trainer exports its first model,
 `model_version` is `null` and scores are 0 (`fallback_reason: no_model`);
-`GET /readyz` answers 503 until a model is loaded.
+`GET /readyz` answers 200 with `"degraded": true` until a model is loaded
+(and while Redis or the broker is down): the service can answer. It answers
+503 only while the service is starting or stopping.
 """
 
 Extension = Callable[[Service], AbstractContextManager[Any]]

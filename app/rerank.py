@@ -6,9 +6,10 @@ One call per model-ranked request (:meth:`Reranker.rerank`), after scoring:
    :mod:`feature_store.signals.feedback`): videos the user disliked never
    come back; with ``exclude_served`` (the request's flag, default
    ``rerank.exclude_served``), videos served to the user within
-   ``rerank.served_window_s`` that got no engagement are dropped too (an
-   entry whose video the user's history holds at or after the served time
-   counts as engaged, whatever order the two arrived in).
+   ``rerank.served_window_s`` that got no engagement are dropped too (a
+   positive entry of the user's history at or after the served time clears
+   an entry, whatever order the two arrived in: only engaged events write
+   one).
 2. **Cold start** (:mod:`app.cold_start`): a new video scores its calibrated
    posterior mean moved by the user's lift (the model's score for this user
    against an anonymous one's), blending into the model's score as its
@@ -101,8 +102,8 @@ def excluded(
     """Which candidates (``rows`` of ``table``) the feedback excludes (module doc, step 1)."""
     gone = list(view.disliked)
     if exclude_served and view.served:
-        engaged = {h.video_id: h.ts for h in history if h.positive}
-        gone += [video for video, at in view.served.items() if engaged.get(video, -1) < at]
+        watched = {h.video_id: h.ts for h in history if h.positive}
+        gone += [video for video, at in view.served.items() if watched.get(video, -1) < at]
     at = [r for r in map(table.row_of.get, gone) if r is not None]
     if not at:
         return np.zeros(len(rows), dtype=np.bool_)

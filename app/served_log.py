@@ -26,7 +26,7 @@ from app.metrics import Metrics
 from feature_store.eventlog.base import EventLog
 from feature_store.events import EventContext
 from feature_store.features.batch import BatchFeatures, Indices
-from feature_store.features.values import FeatureValues, ValueLayout
+from feature_store.features.values import ValueLayout, split_from_batch
 from feature_store.served import ServedArm, ServedItem, ServedRecord
 from feature_store.settings import ServedLogSettings
 from feature_store.signals.feedback.base import ServedBatch, UserFeedback
@@ -146,17 +146,12 @@ class ServedLogWriter:
     def to_record(self, served: Served) -> ServedRecord:
         """The record of ``served``: its top ``max_items`` items and their packed values."""
         rows = served.order[: self.max_items]
-        values = FeatureValues.from_batch(self.layout, served.features, rows).packed
-        layout = self.layout
-        items = tuple(
-            ServedItem(served.video_ids[r], position, float(served.scores[r]), served.sources[r])
-            for position, r in enumerate(rows.tolist())
-        )
-        request = (
-            values[0, layout.request_slots]
-            if len(values)
-            else np.zeros(len(layout.request_slots), np.uint64)
-        )
+        request, values = split_from_batch(self.layout, served.features, rows)
+        at, ids, sources = rows.tolist(), served.video_ids, served.sources
+        items = tuple(map(  # position k: the k-th item of the response
+            ServedItem, [ids[r] for r in at], range(len(at)), served.scores[rows].tolist(),
+            [sources[r] for r in at],
+        ))
         return ServedRecord(
             recommendation_id=served.recommendation_id,
             user_id=served.user_id,
@@ -165,7 +160,7 @@ class ServedLogWriter:
             schema_hash=self.schema_hash,
             context=served.context,
             items=items,
-            request_values=np.ascontiguousarray(request),
-            item_values=np.ascontiguousarray(values[:, layout.item_slots]),
+            request_values=request,
+            item_values=values,
             arm=served.arm,
         )

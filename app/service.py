@@ -38,9 +38,9 @@ from feature_store.experiments import ExperimentSpec, ExperimentStore
 from feature_store.features.values import layout_of
 from feature_store.log_summary import LogSummary
 from feature_store.recommendation_ids import RecommendationIds
-from feature_store.runtime import Resources, families
-from feature_store.signals import CandidateSignals, attach_signals
-from feature_store.signals.feedback import attach_feedback
+from feature_store.runtime import Resources
+from feature_store.signals import CandidateSignals, serving_signals
+from feature_store.signals.feedback import UserFeedback, serving_feedback
 from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,10 @@ class Service:
     resources: Resources
     reads: CachedReads
     signals: CandidateSignals
+    """Trending, co-visitation, creator uploads: opened and closed by :func:`open_service`."""
+    feedback: UserFeedback
+    """Served-without-engagement and dislikes per user (the rerank): opened and closed by
+    :func:`open_service`."""
     metrics: Metrics
     scorer: Scorer
     holder: ModelHolder
@@ -146,14 +150,25 @@ def _up_of(breaker: Breaker) -> Callable[[], float]:
 
 @contextmanager
 def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterator[Service]:
-    """Build the service over ``resources``; load the active model; start background threads."""
+    """Build the service over ``resources``; load the active model; start background threads.
+
+    The candidate signals and the feedback are the service's own: opened here
+    (restored from the data directory in memory) and closed (snapshotted) after
+    every thread that writes them has stopped.
+    """
+    with serving_signals(resources) as signals, serving_feedback(resources) as feedback:
+        with _open_service(resources, metrics or Metrics(), signals, feedback) as service:
+            yield service
+
+
+@contextmanager
+def _open_service(
+    resources: Resources, metrics: Metrics, signals: CandidateSignals, feedback: UserFeedback
+) -> Iterator[Service]:
     settings = resources.settings
     api = settings.api
-    metrics = metrics or Metrics()
     if tracing.enabled():  # spans per recommend stage (nothing wrapped when off)
         metrics.observe_stage = tracing.stage_observer(metrics.observe_stage)  # type: ignore[method-assign,assignment]
-    signals = attach_signals(resources)
-    feedback = attach_feedback(resources)
     reads = CachedReads(
         resources.catalog,
         resources.tables,
@@ -171,7 +186,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         resources.schema, resources.tables, metrics.observe_stage, reads.pull, videos=videos,
         fusion=Fusion.of(api.ranking_weights),
     )
-    known = families(resources)
+    known = resources.families
 
     def loader(version: str) -> LoadedModel:
         """Load ``version`` against its family's tables (refused when they are not found)."""
@@ -239,6 +254,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
         resources=resources,
         reads=reads,
         signals=signals,
+        feedback=feedback,
         metrics=metrics,
         scorer=scorer,
         holder=holder,
@@ -270,7 +286,7 @@ def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterat
                 run_experiment_feed(resources, experiments, service.experiment_checkpoints)
             )
         if api.signal_feed:
-            service.feed = stack.enter_context(run_signal_feed(resources, signals))
+            service.feed = stack.enter_context(run_signal_feed(resources, signals, feedback))
         popular.maybe_refresh()
         refresher = PopularRefresher(popular)
         refresher.start()

@@ -46,11 +46,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from feature_store.errors import VidrecError
+from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer
-from feature_store.events import EventType
 from feature_store.runtime import Resources
 from feature_store.signals.base import CandidateSignals
-from feature_store.signals.feedback import MemoryFeedback, attach_feedback
+from feature_store.signals.feedback import MemoryFeedback, UserFeedback
 from feature_store.signals.feedback.base import needs_creator
 from feature_store.worker import Worker
 
@@ -61,9 +61,9 @@ POLL_TIMEOUT_S = 0.1
 """Longest wait for the first record of a poll: bounds the feed's added latency."""
 RETRY_PAUSE_S = 1.0
 SNAPSHOT_EVERY_S = 10.0
-_NO_ENTRY = frozenset({EventType.IMPRESSION, EventType.CLICK})
-"""Event types that never make a history entry (no catalog read for them)."""
 """Embedded: seconds between snapshots of the signals (each followed by a commit)."""
+_ENTERS = of_types("enters_history")
+"""Event types that may make a history entry (others need no catalog read)."""
 
 
 def feed_group(resources: Resources) -> str:
@@ -74,13 +74,14 @@ class SignalFeed:
     """A thread consuming the event log into the candidate signals."""
 
     def __init__(
-        self, resources: Resources, signals: CandidateSignals, snapshots: bool = True
+        self, resources: Resources, signals: CandidateSignals, feedback: UserFeedback,
+        snapshots: bool = True,
     ) -> None:
         """``snapshots=False``: never snapshot in-process signals (a throwaway replay such
         as ``vidrec eval``, whose state dies with it; each commit is then immediate)."""
         self.resources = resources
         self.signals = signals
-        self.feedback = attach_feedback(resources)
+        self.feedback = feedback
         """Per-user feedback: engagements clear served entries, dislikes are noted."""
         self.recorded = 0
         """Events recorded since start."""
@@ -141,7 +142,7 @@ class SignalFeed:
             self.signals.record(events, histories)
             # The catalog records of what may enter a history (its length, creator and
             # category go in the entry) and of what the feedback needs a creator for.
-            wanted = list({e.video_id for e in events if e.type not in _NO_ENTRY})
+            wanted = list({e.video_id for e in events if e.type in _ENTERS})
             found = self.resources.catalog.get_many(wanted)
             videos = {v.video_id: v for v in found if v is not None}
             ratio = self.resources.settings.features.positive_watch_ratio
@@ -180,8 +181,10 @@ class SignalFeed:
 
 
 @contextmanager
-def run_signal_feed(resources: Resources, signals: CandidateSignals) -> Iterator[SignalFeed]:
-    feed = SignalFeed(resources, signals)
+def run_signal_feed(
+    resources: Resources, signals: CandidateSignals, feedback: UserFeedback
+) -> Iterator[SignalFeed]:
+    feed = SignalFeed(resources, signals, feedback)
     feed.start()
     try:
         yield feed

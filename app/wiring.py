@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 from app.main import Extension
 from app.service import Service
-from feature_store.control import control_channel
 from feature_store.settings import Settings
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ def embedded_trainer(service: Service) -> Iterator[TrainerComponent]:
     log.info("embedded trainer started")
     retrainer = RetrainManager(TrainerComponent, service.resources)
     service.retrain = retrainer
-    listener = ControlListener(control_channel(service.resources), trainer, retrainer=retrainer)
+    listener = ControlListener(service.resources.control, trainer, retrainer=retrainer)
     listener.start()
     try:
         with service.metrics.including(trainer.metrics_registry):  # vidrec_trainer_* on /metrics
@@ -96,7 +95,7 @@ def run_train(settings: Settings) -> int:
         signal.signal(signal.SIGTERM, lambda *_: trainer.stop())
         signal.signal(signal.SIGINT, lambda *_: trainer.stop())
         retrainer = RetrainManager(TrainerComponent, resources)
-        with ControlListener(control_channel(resources), trainer, retrainer=retrainer):
+        with ControlListener(resources.control, trainer, retrainer=retrainer):
             trainer.run()  # the listener carries out the dashboard's actions
     return 0
 

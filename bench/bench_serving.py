@@ -98,7 +98,7 @@ def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_
     from app.scoring.features import RequestFeatureExtractor
     from feature_store.features.schema import WIDE_TABLE
     from feature_store.runtime import open_resources
-    from feature_store.signals import attach_signals
+    from feature_store.signals import serving_signals
     from feature_store.synthetic import SyntheticWorld, WorldConfig
     from trainer.export import publish
     from trainer.model import WideDeep
@@ -108,11 +108,11 @@ def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_
             users=N_USERS, videos=videos, seed=1, start_ts=int(time.time() * 1000) - 86_400_000
         )
     )
-    with open_resources(settings) as res:
+    # The signals are snapshotted on exit, for the service that reads the directory.
+    with open_resources(settings) as res, serving_signals(res) as signals:
         catalog = world.videos()
         for start in range(0, len(catalog), 50_000):
             res.catalog.upsert(catalog[start : start + 50_000])
-        signals = attach_signals(res)
         signals.index_videos(catalog)
         events = world.events(N_EVENTS)
         by_id = {v.video_id: v for v in catalog}

@@ -47,7 +47,7 @@ from feature_store.errors import StoreUnavailable
 from feature_store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
-    from feature_store.runtime import Resources
+    from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -290,15 +290,13 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def control_channel(resources: Resources) -> ControlChannel:
-    """The process's channel, opened on first use and closed with ``resources``.
+def open_control(settings: Settings, redis_client: redis.Redis | None = None) -> ControlChannel:
+    """The channel ``settings.stores.backend`` picks; the caller closes it.
 
-    Embedded, the API and the trainer get the same in-process object; with
+    Opened once per process by :func:`feature_store.runtime.open_resources`:
+    embedded, the API and the trainer get the same in-process object; with
     ``stores.backend = "redis"`` every process talks through Redis.
     """
-    if resources.control is None:
-        if resources.settings.stores.backend == "redis" and resources.redis_client is not None:
-            resources.control = RedisChannel(resources.redis_client)
-        else:
-            resources.control = MemoryChannel()
-    return resources.control
+    if settings.stores.backend == "redis" and redis_client is not None:
+        return RedisChannel(redis_client)
+    return MemoryChannel()

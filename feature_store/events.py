@@ -4,6 +4,10 @@ Every event enters through :class:`EventValidator` (HTTP ingress and the
 stream consumer alike), so a bad value is refused with a message that names
 its field and never reaches training.
 
+What each event type means to labels, histories, counters and signals is
+declared once, in :mod:`feature_store.event_types` (``EventType`` is
+re-exported here).
+
 Units: every time is milliseconds since the Unix epoch (``ts``) or a duration
 in milliseconds (``watch_ms``, ``duration_ms``).
 """
@@ -13,13 +17,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from feature_store.errors import InvalidInput
+from feature_store.event_types import EventType
 from feature_store.settings import EventLimits
 
 ID_CHARSET = re.compile(r"^[A-Za-z0-9_.:@/+=-]+$")
@@ -53,21 +57,6 @@ JsonInt = Annotated[int, INTEGRAL]
 
 _HARD_MAX = 1024
 """Absolute bound on any string before the configurable limits are checked."""
-
-
-class EventType(StrEnum):
-    IMPRESSION = "impression"
-    """The video was shown to the user."""
-    CLICK = "click"
-    PLAY = "play"
-    """Playback ran; ``watch_ms`` says how long."""
-    PROGRESS = "progress"
-    """Periodic heartbeat during playback; ``watch_ms`` is the total so far."""
-    FINISH = "finish"
-    LIKE = "like"
-    SHARE = "share"
-    SKIP = "skip"
-    DISLIKE = "dislike"
 
 
 class EventContext(BaseModel):

@@ -2,13 +2,19 @@
 
 :class:`Resources` is the set of live objects the trainer and the service
 share: the event log, the sparse tables, the catalog, the activity stores
-(serving's, and the trainer's own point-in-time copy) and the model
-registry. In embedded mode (``vidrec up``) one ``Resources`` is
-opened by the service and handed to the in-process trainer, so both work on
-the same in-memory tables; in production each process opens its own against
-Kafka and Redis. Whoever opens it closes it (``with open_resources(...)``);
-``close`` snapshots the embedded backends to the data directory first, so a
-restart keeps what was learned.
+(serving's, and the trainer's own point-in-time copy), the model registry,
+the retrain families' tables, the control channel and the trainer's metrics
+series. In embedded mode (``vidrec up``) one ``Resources`` is opened by the
+service and handed to the in-process trainer, so both work on the same
+in-memory tables; in production each process opens its own against Kafka
+and Redis.
+
+Ownership: :func:`open_resources` opens every part, hands them to
+``Resources`` at construction, and closes them on exit (``Resources.close``,
+after a snapshot of the embedded backends to the data directory, so a
+restart keeps what was learned). No other module sets a field. Parts only
+one component uses are that component's: the service opens and closes its
+candidate signals and feedback (``app/service.py``), the trainer its loop.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,16 +39,17 @@ if TYPE_CHECKING:
     from feature_store.catalog.base import CatalogStore
     from feature_store.control import ControlChannel
     from feature_store.eventlog.base import EventLog
-    from feature_store.signals.base import CandidateSignals
-    from feature_store.signals.feedback.base import UserFeedback
     from feature_store.sparse.base import SparseTable
     from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class Resources:
-    """Live storage objects of one process; see the module docstring."""
+    """Live storage objects of one process; see the module docstring.
+
+    Frozen: every part comes in at construction, from whoever opened it
+    (:func:`open_resources`), which closes it."""
 
     settings: Settings
     schema: FeatureSchema
@@ -62,24 +69,22 @@ class Resources:
     registry: ModelRegistry
     tables: dict[str, SparseTable]
     """Embedding tables by name plus the wide table (``WIDE_TABLE``)."""
+    control: ControlChannel
+    """The control channel (``feature_store.control``): embedded, the dashboard and the
+    trainer's listener share this one object; with Redis stores, a client of the streams."""
+    trainer_series: MetricsSeries
+    """The metrics series and heartbeat of this process's trainer (``trainer.group_id``):
+    the trainer writes it, the dashboard reads it (embedded: this object, live in memory)."""
     redis_client: redis.Redis | None = None
     served_log: EventLog | None = None
     """The served log (what the service recommended, with the features it scored), beside
     the event log; None when ``served_log.enabled`` is off."""
-    signals: CandidateSignals | None = None
-    """The process's candidate signals, opened once by ``attach_signals``; closed (and, in
-    memory, snapshotted) with the resources."""
-    feedback: UserFeedback | None = None
-    """The process's served/disliked feedback, opened once by ``attach_feedback``; closed
-    with the resources."""
-    control: ControlChannel | None = None
-    """The control channel, opened once by ``control_channel``: embedded, the API and the
-    trainer share this one object."""
-    families: Families | None = None
-    """Retrain families' tables, created on first use by :func:`families`."""
-    trainer_series: MetricsSeries | None = None
-    """The in-process trainer's metrics series, set by the trainer: embedded, the
-    dashboard reads this one (live in memory) instead of opening its own."""
+    families: Families = field(init=False)
+    """The model families this process can serve (its own and retrain families' tables);
+    made with the resources, closed by them."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "families", Families(self))  # made with the object
 
     @property
     def data_dir(self) -> Path:
@@ -95,8 +100,7 @@ class Resources:
         if self.settings.sparse.backend == "memory":
             for name, table in self.tables.items():
                 table.snapshot(self.data_dir / "sparse" / name)
-            if self.families is not None:
-                self.families.snapshot()
+            self.families.snapshot()
         if self.settings.stores.backend == "memory":
             self.catalog.snapshot(self.data_dir / "catalog")
             self.activity.snapshot(self.data_dir / "activity")
@@ -118,12 +122,10 @@ class Resources:
             self.snapshot()
         except Exception:  # a failed snapshot must not leak open clients
             log.exception("snapshot on close failed")
-        # Opened after the backends (by the service, the trainer, the dashboard),
-        # so closed before them.
-        for part in (self.trainer_series, self.control, self.families, self.feedback,
-                     self.signals):
-            if part is not None:
-                part.close()
+        # Opened last by open_resources (families with the object), so closed first.
+        self.families.close()
+        self.trainer_series.close()
+        self.control.close()
         for table in self.tables.values():
             table.close()
         self.training_activity.close()
@@ -226,13 +228,6 @@ class Families:
                 table.close()
 
 
-def families(resources: Resources) -> Families:
-    """The process's :class:`Families`, created on first use."""
-    if resources.families is None:
-        resources.families = Families(resources)
-    return resources.families
-
-
 def _family_in_redis(resources: Resources, family: str) -> bool:
     """Whether any of the family's tables has a row (SCAN, stopping at the first hit)."""
     import redis
@@ -331,8 +326,10 @@ def open_resources(
     """
     from feature_store.activity import open_activity
     from feature_store.catalog import open_catalog
+    from feature_store.control import open_control
     from feature_store.eventlog import open_event_log
     from feature_store.sparse import open_table
+    from feature_store.timeseries import open_timeseries
 
     schema = schema or default_schema(settings.features)
     if model_name is not None:
@@ -371,6 +368,10 @@ def open_resources(
                 settings, data_dir=data_dir / "eventlog", stream="served", wait=wait_for_event_log
             )
             opened.callback(served_log.close)
+        control = open_control(settings, store_client)
+        opened.callback(control.close)
+        trainer_series = open_timeseries(settings, store_client)
+        opened.callback(trainer_series.close)
         resources = Resources(
             settings=settings,
             schema=schema,
@@ -380,6 +381,8 @@ def open_resources(
             training_activity=training_activity,
             registry=ModelRegistry(data_dir / "registry"),
             tables=tables,
+            control=control,
+            trainer_series=trainer_series,
             redis_client=client,
             served_log=served_log,
         )

@@ -2,12 +2,15 @@
 
 Every background loop in vidrec (the model poller, the popular-list
 refresher, the dashboard sampler, the feeds, the control listener, the
-trainer's fetcher...) is a :class:`Worker`: a named daemon thread with a
-stop event its loop waits on, so stopping never waits out a sleep. Its
-owner creates it in ``__init__``, calls :meth:`Worker.start` from its own
-``start`` and :meth:`Worker.stop` from its ``close`` (whoever starts a
-thread stops it). Daemon, so a process that dies without closing is not
-kept alive by it; the join in ``stop`` is bounded for the same reason.
+trainer's thread, the Kafka log's background connect...) is a
+:class:`Worker`: a named daemon thread with a stop event its loop waits on,
+so stopping never waits out a sleep. Its owner creates it in ``__init__``,
+calls :meth:`Worker.start` from its own ``start`` and :meth:`Worker.stop`
+from its ``close`` (whoever starts a thread stops it). Threads started for
+one job that end by themselves (an index build, a dense-sync round, a
+breaker's prober, a summary's timer) are not Workers; ``docs/architecture.md``
+lists them. Daemon, so a process that dies without closing is not kept alive
+by it; the join in ``stop`` is bounded for the same reason.
 
 :func:`periodic` is the common loop: call ``tick`` every ``every_s``
 seconds, log and survive whatever it raises.

@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from feature_store.runtime import Resources
-from feature_store.timeseries import MetricsSeries, open_timeseries
+from feature_store.timeseries import MetricsSeries
 from feature_store.worker import Worker
 from trainer.loop import OnlineTrainer
 
@@ -38,13 +38,10 @@ class TrainerComponent:
         registry: CollectorRegistry | None = None,
         series: MetricsSeries | None = None,
     ) -> None:
-        if series is None:
-            series = resources.trainer_series
-        if series is None:
-            series = open_timeseries(resources.settings, resources.redis_client)
-            resources.trainer_series = series  # the dashboard of this process reads it
-        self.series = series
-        self.loop = OnlineTrainer(resources, registry=registry, series=series)
+        self.series = series if series is not None else resources.trainer_series
+        """Where the loop writes its metrics and heartbeat: by default the resources'
+        (the dashboard of the same process reads that one); the resources close it."""
+        self.loop = OnlineTrainer(resources, registry=registry, series=self.series)
         self._worker = Worker("vidrec-trainer", lambda stop: self._run_thread())
         self._error: BaseException | None = None
 

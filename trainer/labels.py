@@ -1,44 +1,46 @@
 """The label policy: which video feedback events become training samples.
 
 A sample is one (user, video) moment with a label, 1 (the user valued the
-video) or 0 (they did not). The policy, with its configurable thresholds in
-:class:`~feature_store.settings.TrainerSettings`:
+video) or 0 (they did not). The label is read off the event type's *verdict*,
+declared in :mod:`feature_store.event_types`, with the configurable
+thresholds of :class:`~feature_store.settings.FeatureSettings`:
 
-==============  ==========================================================
-event           sample
-==============  ==========================================================
-finish          positive
-like, share     positive
-play            positive if watch ratio >= ``positive_watch_ratio`` (0.5);
-                negative if < ``short_watch_ratio`` (0.1); between the two,
-                or without a known duration, no sample (ambiguous)
-skip, dislike   negative
-impression      joined: waits up to ``join_window_ms`` (event time) for any
-                engagement (click, play, progress, finish, like, share,
-                skip, dislike) of the same (user, video); if none comes it
-                becomes a negative, else it yields no sample of its own (the
-                engagement carries the label)
-click, progress no sample (they only resolve a pending impression)
-==============  ==========================================================
+================  ========================================================
+verdict           sample
+================  ========================================================
+positive          positive (finish, like, share)
+negative          negative (skip, dislike)
+watch             (play) positive if watch ratio >= ``positive_watch_ratio``
+                  (0.5); negative if < ``short_watch_ratio`` (0.1); between
+                  the two ambiguous; without a known duration, no sample
+none              no sample (click, progress: they only resolve a pending
+                  impression)
+shown             (impression) joined: waits up to ``join_window_ms`` (event
+                  time) for any response that *resolves* it (every type but
+                  the impression) of the same (user, video); if none comes it
+                  becomes a negative, else it yields no sample of its own
+                  (the response carries the label)
+================  ========================================================
 
 Each labelled event is one sample, so a play to the end followed by a like
 gives two positives: stronger engagement weighs more. ``sample_weights``
 maps an event type to a loss weight (default 1 for every type).
 
-**Heads.** The table above is the ``engagement`` head's label
-(:attr:`Sample.label`). A sample carries one label per ranking head, NaN
-where its event says nothing about that head (the head's loss ignores it):
+**Heads.** The table above is the primary (``engagement``) head's label
+(:attr:`Sample.label`). A sample carries one label per ranking head
+(:data:`feature_store.heads.HEADS`: each head's ``label`` reads the event
+type's verdict and the watch ratio), NaN where its event says nothing about
+that head (the head's loss ignores it); with the declared heads:
 
 ==============  ============  ======================  ===========
-event           engagement    watch                   negative
+verdict         engagement    watch                   negative
 ==============  ============  ======================  ===========
-finish, like,   1             --                      0
-share
-play            as above;     quantile of its watch   0
+positive        1             --                      0
+watch (play)    as above;     quantile of its watch   0
                 ambiguous:    ratio in its duration
                 --            bucket (needs a
                               duration)
-skip, dislike   0             --                      1
+negative        0             --                      1
 impression      0             --                      0
 (timed out)
 ==============  ============  ======================  ===========
@@ -91,13 +93,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.events import Event, EventContext, EventType
+from feature_store.event_types import MEANINGS, EventType, of_types, valued
+from feature_store.events import Event, EventContext
+from feature_store.heads import HEAD_NAMES, HEADS, Outcome
 from feature_store.settings import FeatureSettings, TrainerSettings
 from trainer.watch import WatchQuantiles
 
-_IMPRESSION = EventType.IMPRESSION
-_POSITIVE = frozenset({EventType.FINISH, EventType.LIKE, EventType.SHARE})
-_NEGATIVE = frozenset({EventType.SKIP, EventType.DISLIKE})
+_SHOWS = of_types("shows")
+"""Impressions: remembered, joined, and timed out into negatives."""
+_RESOLVES = of_types("resolves")
+"""Responses that answer a pending impression (it then yields no negative of its own)."""
 
 
 Packed = npt.NDArray[np.uint64]
@@ -144,16 +149,31 @@ class Sample(NamedTuple):
     model that has since learnt from the same session's positives, and
     scoring it then would bias the metric (measured on a feed whose
     engagement is chance: AUC 0.48 instead of 0.50)."""
-    watch: float = math.nan
-    """The watch head's target in [0, 1] (:mod:`trainer.watch`); NaN: no play."""
-    negative: float = math.nan
-    """The negative head's label: 1 for skip and dislike, 0 for the other samples."""
+    others: tuple[float, ...] = ()
+    """The labels of the heads after the primary one (``HEADS[1:]``, in order), NaN
+    where the event says nothing of a head; empty: none of them."""
+
+    def head(self, name: str) -> float:
+        """This sample's label for head ``name`` (NaN: none)."""
+        position = HEAD_NAMES.index(name)
+        if position == 0:
+            return self.label
+        return self.others[position - 1] if self.others else _NAN
 
 
-Labels = tuple[float, float, float]
-"""(engagement, watch ratio, negative) of one event, NaN where it says nothing."""
+Labels = tuple[float, ...]
+"""Every head's label of one event (:data:`~feature_store.heads.HEADS` order), NaN where it
+says nothing of that head."""
 
 _NAN = math.nan
+_QUANTILE_HEADS = [i for i, h in enumerate(HEADS) if h.target == "watch_quantile"]
+"""Positions of the heads whose label (a watch ratio) trains as its quantile."""
+_TIMED_OUT: dict[EventType, Labels] = {
+    kind: tuple(head.label(Outcome(meaning, False, None)) for head in HEADS)
+    for kind, meaning in MEANINGS.items()
+    if meaning.shows
+}
+"""Every head's label of an impression that timed out: not valued, no watch."""
 
 
 class Shown(NamedTuple):
@@ -179,19 +199,17 @@ class LabelPolicy:
 
     def labels(self, event: Event, duration_ms: int | None = None) -> Labels | None:
         """Per-head labels of ``event``, the watch head's as the raw ratio (see
-        :meth:`watch_target`); None when no head has one."""
-        kind = event.type
-        if kind in _POSITIVE:
-            return (1.0, _NAN, 0.0)
-        if kind in _NEGATIVE:
-            return (0.0, _NAN, 1.0)
-        if kind == EventType.PLAY:
-            ratio = event.watch_ratio(duration_ms)
-            if ratio is None:
-                return None
-            engagement = self.label(event, duration_ms)
-            return (_NAN if engagement is None else engagement, ratio, 0.0)
-        return None
+        :meth:`watch_target`); None when no head has one. Read off the event type's
+        verdict (:mod:`feature_store.event_types`)."""
+        verdict = MEANINGS[event.type].verdict
+        if verdict == "none":
+            return None
+        ratio = event.watch_ratio(duration_ms) if verdict == "watch" else None
+        if verdict == "watch" and ratio is None:
+            return None
+        judged = valued(event.type, ratio, self.positive_ratio, self.short_ratio)
+        outcome = Outcome(MEANINGS[event.type], judged, ratio)
+        return tuple(head.label(outcome) for head in HEADS)
 
     def watch_target(self, event: Event, ratio: float, duration_ms: int | None) -> float:
         """The watch head's target of a play of ``ratio``; counts the play (stateful)."""
@@ -199,20 +217,10 @@ class LabelPolicy:
         return self.watch.target(ratio, duration)
 
     def label(self, event: Event, duration_ms: int | None = None) -> float | None:
-        kind = event.type
-        if kind in _POSITIVE:
-            return 1.0
-        if kind in _NEGATIVE:
-            return 0.0
-        if kind == EventType.PLAY:
-            ratio = event.watch_ratio(duration_ms)
-            if ratio is None:
-                return None
-            if ratio >= self.positive_ratio:
-                return 1.0
-            if ratio < self.short_ratio:
-                return 0.0
-        return None
+        """The engagement head's label of ``event``: 1, 0, or None for no sample."""
+        ratio = event.watch_ratio(duration_ms)
+        judged = valued(event.type, ratio, self.positive_ratio, self.short_ratio)
+        return None if judged is None else float(judged)
 
     def weight(self, kind: EventType) -> float:
         return self.weights.get(kind, 1.0)
@@ -261,7 +269,7 @@ class Joiner:
         every labelled event that no remembered impression precedes.
         """
         labels = [
-            None if e.type is _IMPRESSION else self.policy.labels(e, durations.get(e.video_id))
+            None if e.type in _SHOWS else self.policy.labels(e, durations.get(e.video_id))
             for e in events
         ]
         own = self._own_moments(events, labels)
@@ -269,12 +277,15 @@ class Joiner:
         # Only now (featurise may raise, and the caller retries) does the watch
         # estimate count this batch's plays, in log order.
         for i, labelled in enumerate(labels):
-            if labelled is not None and labelled[1] == labelled[1]:
-                event = events[i]
-                target = self.policy.watch_target(
-                    event, labelled[1], durations.get(event.video_id)
-                )
-                labels[i] = (labelled[0], target, labelled[2])
+            if labelled is None:
+                continue
+            for j in _QUANTILE_HEADS:
+                if labelled[j] == labelled[j]:
+                    event = events[i]
+                    target = self.policy.watch_target(
+                        event, labelled[j], durations.get(event.video_id)
+                    )
+                    labelled = labels[i] = (*labelled[:j], target, *labelled[j + 1 :])
         row_of = {position: row for row, position in enumerate(own)}
         samples: list[Sample] = []
         weight_of = self.policy.weight
@@ -284,7 +295,7 @@ class Joiner:
             pending = self._pending.get(partition)
             if pending is None:
                 pending = self._pending[partition] = OrderedDict()
-            if event.type is _IMPRESSION:
+            if event.type in _SHOWS:
                 assert moments is not None
                 row = row_of[i]
                 self._remember(
@@ -293,11 +304,12 @@ class Joiner:
                     samples,
                 )
             else:
-                if key in pending:  # engaged: the impression carries no label of its own
+                if key in pending and event.type in _RESOLVES:
+                    # answered: the impression carries no label of its own
                     del pending[key]
                     self._size -= 1
                 if label is not None:
-                    engagement, watch, negative = label
+                    engagement, others = label[0], label[1:]
                     shown = self._shown.get(key)
                     if shown is None:
                         assert moments is not None
@@ -305,13 +317,13 @@ class Joiner:
                         row = row_of[i]
                         samples.append(Sample(
                             event, engagement, weight_of(event.type), event.context,
-                            moments.values[row], float(moments.scores[row]), watch, negative,
+                            moments.values[row], float(moments.scores[row]), others,
                         ))
                     else:
                         context = merge_context(event.context, shown.impression.context)
                         samples.append(Sample(
                             event, engagement, weight_of(event.type), context, shown.values,
-                            shown.score, watch, negative,
+                            shown.score, others,
                         ))
             if event.ts > watermark.get(partition, 0):
                 watermark[partition] = event.ts
@@ -324,7 +336,7 @@ class Joiner:
         out = []
         for i, (event, label) in enumerate(zip(events, labels, strict=True)):
             key = (event.user_id, event.video_id)
-            if event.type is _IMPRESSION:
+            if event.type in _SHOWS:
                 shown_here.add(key)
                 out.append(i)
             elif label is not None and key not in shown_here and key not in self._shown:
@@ -374,9 +386,11 @@ class Joiner:
 
     def _negative(self, shown: Shown) -> Sample:
         impression = shown.impression
-        weight = self.policy.weight(EventType.IMPRESSION)
+        weight = self.policy.weight(impression.type)
+        labels = _TIMED_OUT[impression.type]
         return Sample(
-            impression, 0.0, weight, impression.context, shown.values, shown.score, _NAN, 0.0
+            impression, labels[0], weight, impression.context, shown.values, shown.score,
+            labels[1:],
         )
 
     # --- checkpointing ------------------------------------------------------

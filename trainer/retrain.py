@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, Any
 from feature_store.activity.memory import MemoryActivity
 from feature_store.control import Command
 from feature_store.errors import Conflict, InvalidInput, NotFound
-from feature_store.runtime import Resources, families, table_specs
+from feature_store.runtime import Resources, table_specs
 from feature_store.sparse import open_table
+from feature_store.timeseries import open_timeseries
 from trainer.control import TrainerHandle
 
 if TYPE_CHECKING:
@@ -98,8 +99,7 @@ class Family:
 
     @property
     def series(self) -> MetricsSeries | None:
-        series: MetricsSeries | None = self.resources.trainer_series
-        return series
+        return self.resources.trainer_series
 
     def describe(self) -> dict[str, Any]:
         try:
@@ -185,7 +185,7 @@ class RetrainManager:
                 resources, trainer,
             )
             self.families[family_id] = family
-            families(self.live).register(family_id, resources.tables)
+            self.live.families.register(family_id, resources.tables)
         trainer.start()
         log.info("retrain %s started from %d by %s", family_id, from_ts_ms, issuer)
         return family
@@ -198,6 +198,7 @@ class RetrainManager:
         family.stopped = True
         for table in family.resources.tables.values():
             table.close()
+        family.resources.trainer_series.close()  # opened with the family's resources
         log.info("retrain %s stopped", family_id)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -228,6 +229,7 @@ class RetrainManager:
             event_log=ReplayLog(live.event_log, from_ts_ms),  # type: ignore[arg-type]
             training_activity=MemoryActivity(settings.features),
             tables=tables,
-            # the family's own parts: its trainer opens its series, nothing is shared
-            signals=None, feedback=None, control=None, families=None, trainer_series=None,
+            # The family's own series (its group's name); closed by stop with its tables.
+            # The rest (catalog, registry, control channel...) is the live resources'.
+            trainer_series=open_timeseries(fam_settings, live.redis_client),
         )

@@ -18,9 +18,10 @@ sightings; ``q = 1 / gap``). The same video twice in a batch is not its own
 negative (masked off the diagonal).
 
 Positives are the ranker's positive samples of chosen events (play,
-finish, like, share), with the feature values of their moment: the user
-side as it stood when the video was shown, exactly what the ranker trains
-on (:class:`trainer.labels.Sample`). :meth:`RetrievalTrainer.add` buffers
+finish, like, share: :attr:`feature_store.event_types.Meaning.chosen`), with
+the feature values of their moment: the user side as it stood when the
+video was shown, exactly what the ranker trains on
+(:class:`trainer.labels.Sample`). :meth:`RetrievalTrainer.add` buffers
 them and :meth:`RetrievalTrainer.step` trains a full batch; a step that
 fails (a backend error) is skipped and counted, never retried: the ranker
 owns the loop's retry, and the towers learn from the next batch.
@@ -39,7 +40,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from feature_store.events import EventType
+from feature_store.event_types import of_types
 from feature_store.features.batch import BatchFeatures
 from feature_store.features.columns import MultiValued
 from feature_store.features.values import FeatureValues, ValueLayout
@@ -51,8 +52,9 @@ from trainer.labels import Sample
 
 log = logging.getLogger(__name__)
 
-CHOSEN = frozenset({EventType.PLAY, EventType.FINISH, EventType.LIKE, EventType.SHARE})
-"""Event types whose positive samples are a user choosing a video."""
+CHOSEN = of_types("chosen")
+"""Event types whose positive samples are a user choosing a video (play, finish, like,
+share: :attr:`~feature_store.event_types.Meaning.chosen`)."""
 STATE_FILE = "retrieval.pt"
 ARRAYS_FILE = "retrieval.npz"
 

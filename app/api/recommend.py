@@ -116,7 +116,8 @@ def _in_body(exc: ValidationError) -> RequestValidationError:
 async def recommend(request: Request) -> Response:
     """Rank videos for a user.
 
-    Without ``candidates`` the service retrieves its own (co-visitation,
+    Without ``candidates`` the service retrieves its own from the sources of
+    ``api.candidate_sources`` (two-tower embedding, co-visitation, categories,
     creators, trending, fresh uploads), filters out hidden, already-seen and
     filtered-out videos and scores at most ``api.max_candidates``. An unknown
     user, a missing model or a backend outage is answered by a fallback

@@ -54,9 +54,9 @@ from app.dashboard.experiments import (
 from app.dashboard.sampling import Sampler
 from app.openapi import errors
 from app.service import Service
-from feature_store.control import ControlChannel, control_channel
+from feature_store.control import ControlChannel
 from feature_store.errors import BackendUnavailable, NotFound
-from feature_store.timeseries import MetricsSeries, open_timeseries
+from feature_store.timeseries import MetricsSeries
 
 _STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript", "charts.js":
            "text/javascript", "favicon.svg": "image/svg+xml"}
@@ -70,14 +70,14 @@ class Dashboard:
     sampler: Sampler
     audit: AuditLog
     channel: ControlChannel
-    own_series: MetricsSeries | None
     actions: ActionRunner
     clock: views.CheckpointClock = field(default_factory=views.CheckpointClock)
 
     @property
-    def series(self) -> MetricsSeries | None:
-        """The embedded trainer's series (live in memory), else the one opened here."""
-        return self.service.resources.trainer_series or self.own_series
+    def series(self) -> MetricsSeries:
+        """The live trainer's series: embedded, the very object it writes; else read from
+        Redis (or the data directory) where the trainer writes it."""
+        return self.service.resources.trainer_series
 
 
 @asynccontextmanager
@@ -89,23 +89,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     resources = service.resources
     settings = resources.settings
     sampler = Sampler(app.state.metrics.registry, resources.tables, settings.dashboard)
-    own_series = None
-    if resources.trainer_series is None:
-        own_series = open_timeseries(settings, resources.redis_client)
     audit_log = open_audit_log(resources)
-    channel = control_channel(resources)
+    channel = resources.control
     runner = ActionRunner(
         service, channel, audit_log, settings.dashboard.ack_timeout_s,
         settings.dashboard.max_pending_actions,
     )
-    app.state.dashboard = Dashboard(service, sampler, audit_log, channel, own_series, runner)
+    app.state.dashboard = Dashboard(service, sampler, audit_log, channel, runner)
     sampler.start()
     try:
         yield
     finally:
         sampler.close()
-        if own_series is not None:
-            own_series.close()
         app.state.dashboard = None
 
 

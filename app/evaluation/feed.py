@@ -39,14 +39,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from feature_store.errors import InvalidInput
-from feature_store.events import Event, EventType
+from feature_store.event_types import MEANINGS, EventType
+from feature_store.events import Event
 
 IMPRESSION_LEAD_MS = 300
 """How long before a view's first row its impression is logged (ms)."""
-POSITIVE_TYPES = frozenset({EventType.FINISH, EventType.LIKE, EventType.SHARE})
-"""Row types of a positive-only log: each is a positive under any label policy (a
-``play`` would need a watch ratio, and ``impression``/``skip``/``dislike`` are not
-interactions)."""
+POSITIVE_TYPES = frozenset(kind for kind, m in MEANINGS.items() if m.verdict == "positive")
+"""Row types of a positive-only log: each is a positive under any label policy (its
+verdict is ``positive``, :mod:`feature_store.event_types`: a ``play`` would need a watch
+ratio, and ``impression``/``skip``/``dislike`` are not interactions)."""
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,8 @@ from app.schemas import RecommendRequest
 from app.service import open_service
 from app.signal_feed import POLL_RECORDS, SignalFeed, feed_group
 from feature_store.errors import ConfigurationError
-from feature_store.events import Event, EventContext, EventType
+from feature_store.event_types import valued
+from feature_store.events import Event, EventContext
 from feature_store.runtime import Resources, open_resources
 from feature_store.scored import OfflineResult, ScoredSamples
 from feature_store.settings import ApiSettings, Settings
@@ -303,10 +304,8 @@ def _full_ranking_caps(cfg: EvalConfig, catalog_size: int) -> dict[str, Any]:
 
 
 def _strong_positive(event: Event) -> bool:
-    if event.type in (EventType.FINISH, EventType.LIKE, EventType.SHARE):
-        return True
-    ratio = event.watch_ratio() if event.type == EventType.PLAY else None
-    return ratio is not None and ratio >= 0.5
+    """A positive verdict, or a watch judged valued (at the default 0.5 ratio)."""
+    return valued(event.type, event.watch_ratio(), 0.5, 0.0) is True
 
 
 def pick_queries(events: Sequence[Event], count: int, seed: int) -> list[Query]:
@@ -354,7 +353,7 @@ class _Online:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
             replay = self.replay_factory(resources)
-            feed = SignalFeed(resources, service.signals, snapshots=False)
+            feed = SignalFeed(resources, service.signals, service.feedback, snapshots=False)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
                 for query in queries:

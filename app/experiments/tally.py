@@ -6,12 +6,13 @@ experiment's arm ranked (the served log says which: :mod:`app.experiments.feed`)
 It counts once it has an ``impression`` event, so every figure is *per
 impression*:
 
-- **clicks**: impressions with a ``click``, ``play``, ``progress`` or ``finish``
-  (each means the video was started);
+- **clicks**: impressions with an engaged event (``click``, ``play``,
+  ``progress``, ``finish``, ``like``, ``share``: the one meaning of *engaged*,
+  declared in :mod:`feature_store.event_types`);
 - **finishes**: impressions with a ``finish``;
-- **watch**: the largest ``watch_ms`` of the impression's ``play``, ``progress``
-  and ``finish`` events (a progress event reports the running total, so a
-  sum would count the same seconds again), 0 without any.
+- **watch**: the largest ``watch_ms`` of the impression's events with watch
+  time (``play``, ``progress`` and ``finish``; a progress event reports the
+  running total, so a sum would count the same seconds again), 0 without any.
 
 Events count while their log time is at most the response's log time plus
 ``experiments.attribution_window_ms``; later ones are ignored (``late``). An
@@ -36,10 +37,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from feature_store.events import Event, EventType
+from feature_store.event_types import MEANINGS, EventType, of_types
+from feature_store.events import Event
 
-STARTED = frozenset({EventType.CLICK, EventType.PLAY, EventType.PROGRESS, EventType.FINISH})
-WATCHED = frozenset({EventType.PLAY, EventType.PROGRESS, EventType.FINISH})
+ENGAGED = of_types("engaged")
+"""What makes an impression's click: an engaged event (:mod:`feature_store.event_types`)."""
+WATCHED = frozenset(kind for kind, m in MEANINGS.items() if m.watch != "none")
+"""Events whose ``watch_ms`` is a playback's watch time, final or running."""
+SHOWN = of_types("shows")
 
 
 @dataclass(slots=True)
@@ -139,7 +144,7 @@ class PartitionTally:
     def _update(exposure: _Exposure, event: Event, totals: Totals | None) -> None:
         kind = event.type
         counted = totals is not None and exposure.shown
-        if kind is EventType.IMPRESSION and not exposure.shown:
+        if kind in SHOWN and not exposure.shown:
             exposure.shown = True
             if totals is not None:  # what came before it counts now
                 totals.impressions += 1
@@ -148,7 +153,7 @@ class PartitionTally:
                 totals.watch_ms += exposure.watch
                 totals.watch_sq += exposure.watch * exposure.watch
             return
-        if kind in STARTED and not exposure.clicked:
+        if kind in ENGAGED and not exposure.clicked:
             exposure.clicked = True
             if counted:
                 totals.clicks += 1  # type: ignore[union-attr]

@@ -23,10 +23,16 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from feature_store.catalog.base import Video
+from feature_store.errors import ConfigurationError
+from feature_store.event_types import CHOSEN_COUNTERS, COUNTERS, MEANINGS
 from feature_store.events import Event
 
-POSITIVE_ACTIONS = frozenset({"play", "finish", "like", "share"})
-"""History actions that mean the user valued the video (see :mod:`feature_store.activity.rules`)."""
+POSITIVE_ACTIONS = frozenset(
+    {"play"} | {kind.value for kind, m in MEANINGS.items() if m.verdict == "positive"}
+)
+"""History actions that mean the user valued the video (``play``, a watch past the
+positive ratio, and the actions of the positive event types: ``finish``, ``like``,
+``share``; :mod:`feature_store.event_types`, :mod:`feature_store.activity.rules`)."""
 
 
 class HistoryEntry(BaseModel):
@@ -80,9 +86,14 @@ class VideoStats(BaseModel):
 
     @property
     def engagements(self) -> int:
-        """Plays plus stronger positive signals: the popularity numerator."""
-        return self.plays + self.finishes + self.likes + self.shares
+        """Counts of chosen events (plays, finishes, likes, shares:
+        :data:`~feature_store.event_types.CHOSEN_COUNTERS`): the popularity numerator."""
+        return sum(getattr(self, counter) for counter in CHOSEN_COUNTERS)
 
+
+_UNDECLARED = {counter for counter in COUNTERS if counter not in VideoStats.model_fields}
+if _UNDECLARED:  # a new event type's counter needs its field above
+    raise ConfigurationError(f"event counters {sorted(_UNDECLARED)} are not VideoStats fields")
 
 NO_STATS = VideoStats()
 """The counters of a video without events. Shared (the model is frozen), so a

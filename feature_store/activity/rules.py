@@ -1,29 +1,22 @@
 """How events update histories and counters: pure functions shared by every backend.
 
-The backends only store; every decision about what an event means lives
-here, so the memory and Redis stores cannot drift apart.
+The backends only store; every decision about how an event updates them
+lives here, so the memory and Redis stores cannot drift apart. What each
+event type means (its counter, its verdict, its kind of watch time, the
+strength of its action) is declared once, in :mod:`feature_store.event_types`;
+this module applies those declarations.
 
-Counters (per video, by event type):
+Counters (per video): an event adds one to its type's ``counter`` (progress
+has none), and its ``watch_ms`` to the video's ``watch_ms`` when its watch
+time is a playback's (``watch == "session"``: play, finish). Every event also
+raises ``last_ts`` to its ``ts`` (never lowers it).
 
-==========  ====================================================
-impression  ``impressions`` + 1
-click       ``clicks`` + 1
-play        ``plays`` + 1, ``watch_ms`` + ``event.watch_ms``
-progress    nothing (see below)
-finish      ``finishes`` + 1, ``watch_ms`` + ``event.watch_ms``
-like        ``likes`` + 1
-share       ``shares`` + 1
-skip        ``skips`` + 1
-dislike     ``dislikes`` + 1
-==========  ====================================================
-
-Every event also raises ``last_ts`` to its ``ts`` (never lowers it).
-
-Progress events carry the *total* watched so far, not a delta, and a store
-that sees them one batch at a time cannot know how much of that total it has
-already counted. So they add nothing to the counters; the play or finish
-that closes the session reports the watch time. They still feed the
-history, where only the ratio matters and the best one is kept.
+Progress events carry the *total* watched so far (``watch == "running"``),
+not a delta, and a store that sees them one batch at a time cannot know how
+much of that total it has already counted. So they add nothing to the
+counters; the play or finish that closes the session reports the watch
+time. They still feed the history, where only the ratio matters and the
+best one is kept.
 
 History (per user, newest first, at most ``history_length`` entries, each
 video once): what the user did with a video, positive or negative, with the
@@ -31,15 +24,15 @@ video's creator and category as the catalog had them (so a sequence model
 reads the user's recent actions in one read, without a catalog lookup per
 entry). A video enters when
 
-- a play, progress or finish event reaches ``features.positive_watch_ratio``
-  (action ``play``, or ``finish`` for a finish, which counts as ratio 1.0
-  whatever its ``watch_ms``); the ratio is ``watch_ms`` over
-  ``event.duration_ms``, else over the catalog's duration; a play or progress
-  with no known duration is not judged and adds nothing;
-- it is liked or shared (``like``, ``share``, ratio 1.0);
-- it is skipped (``skip``) or disliked (``dislike``);
-- a play (not a progress beat: its total is still growing) ends below
-  ``features.short_watch_ratio`` (``short``).
+- an event of a ``positive`` verdict happens (finish, like, share: action
+  named after the type, ratio 1.0 whatever its ``watch_ms``), or one of a
+  ``negative`` verdict (skip, dislike: ratio 0.0);
+- any other event with watch time (play, progress) reaches
+  ``features.positive_watch_ratio`` (action ``play``); the ratio is
+  ``watch_ms`` over ``event.duration_ms``, else over the catalog's duration;
+  one with no known duration is not judged and adds nothing;
+- an event judged by its watch (a play; not a progress beat: its total is
+  still growing) ends below ``features.short_watch_ratio`` (``short``).
 
 Positive actions (:data:`POSITIVE_ACTIONS`) are what "watched" means to the
 co-visitation and creator sources, the pooled history and the towers;
@@ -67,28 +60,12 @@ from operator import attrgetter
 
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
-from feature_store.events import Event, EventType
+from feature_store.event_types import ADDS_WATCH_MS, COUNTER_OF, COUNTERS, MEANINGS, EventType
+from feature_store.events import Event
 from feature_store.settings import FeatureSettings
 
-COUNTER_OF: dict[EventType, str] = {
-    EventType.IMPRESSION: "impressions",
-    EventType.CLICK: "clicks",
-    EventType.PLAY: "plays",
-    EventType.FINISH: "finishes",
-    EventType.LIKE: "likes",
-    EventType.SHARE: "shares",
-    EventType.SKIP: "skips",
-    EventType.DISLIKE: "dislikes",
-}
-"""The counter each event type increments; progress increments none."""
-
-ADDS_WATCH_MS = frozenset({EventType.PLAY, EventType.FINISH})
-"""Event types whose ``watch_ms`` is added to the video's ``watch_ms``."""
-
-COUNTER_FIELDS: tuple[str, ...] = (*COUNTER_OF.values(), "watch_ms")
+COUNTER_FIELDS: tuple[str, ...] = (*COUNTERS, "watch_ms")
 """Every additive field of :class:`VideoStats` (``last_ts`` is a maximum)."""
-
-_WATCH_TYPES = frozenset({EventType.PLAY, EventType.PROGRESS, EventType.FINISH})
 
 
 @dataclass
@@ -119,7 +96,7 @@ def in_order(events: Iterable[Event]) -> list[Event]:
 def stats_deltas(events: Iterable[Event]) -> dict[str, StatsDelta]:
     """Per video, what ``events`` add to its counters (see the module table)."""
     deltas: dict[str, StatsDelta] = {}
-    counter_of = COUNTER_OF
+    counter_of, adds_watch_ms = COUNTER_OF, ADDS_WATCH_MS
     for event in events:
         delta = deltas.get(event.video_id)
         if delta is None:
@@ -130,7 +107,7 @@ def stats_deltas(events: Iterable[Event]) -> dict[str, StatsDelta]:
         counter = counter_of.get(event.type)
         if counter is not None:
             increments[counter] = increments.get(counter, 0) + 1
-        if event.watch_ms and event.type in ADDS_WATCH_MS:
+        if event.watch_ms and event.type in adds_watch_ms:
             increments["watch_ms"] = increments.get("watch_ms", 0) + event.watch_ms
     return deltas
 
@@ -150,18 +127,17 @@ def apply_delta(stats: VideoStats, delta: StatsDelta) -> VideoStats:
     return VideoStats(**values)
 
 
-ACTION_RANK: dict[str, int] = {
-    "short": 0, "skip": 1, "play": 2, "finish": 3, "like": 4, "share": 5, "dislike": 6,
-}
-"""Which action an entry keeps when a video is acted on again: the higher one."""
+SHORT = "short"
+"""The action of a play that ended below ``features.short_watch_ratio``."""
+WATCHED = EventType.PLAY.value
+"""The action of a watch (play or progress) past ``features.positive_watch_ratio``."""
 
-_ACTION_OF: dict[EventType, str] = {
-    EventType.FINISH: "finish",
-    EventType.LIKE: "like",
-    EventType.SHARE: "share",
-    EventType.SKIP: "skip",
-    EventType.DISLIKE: "dislike",
+ACTION_RANK: dict[str, int] = {
+    SHORT: 0,
+    **{kind.value: m.rank for kind, m in MEANINGS.items() if m.rank is not None},
 }
+"""Which action an entry keeps when a video is acted on again: the higher one
+(:attr:`~feature_store.event_types.Meaning.rank`; a short play is the weakest)."""
 
 
 @dataclass(frozen=True)
@@ -187,20 +163,20 @@ def history_action(
     event: Event, durations_ms: Mapping[str, int], rules: HistoryRules
 ) -> tuple[str, float] | None:
     """The action and ratio with which ``event`` enters its user's history, or None."""
-    kind = event.type
-    action = _ACTION_OF.get(kind)
-    if action is not None:
-        full = action in ("finish", "like", "share")
-        return action, 1.0 if full else 0.0
-    if kind not in _WATCH_TYPES:
+    meaning = MEANINGS[event.type]
+    if meaning.verdict == "positive":
+        return event.type.value, 1.0
+    if meaning.verdict == "negative":
+        return event.type.value, 0.0
+    if meaning.watch == "none":
         return None
     ratio = event.watch_ratio(durations_ms.get(event.video_id))
     if ratio is None:
         return None
     if ratio >= rules.positive_ratio:
-        return "play", ratio
-    if kind is EventType.PLAY and ratio < rules.short_ratio:
-        return "short", ratio
+        return WATCHED, ratio
+    if meaning.verdict == "watch" and ratio < rules.short_ratio:
+        return SHORT, ratio
     return None
 
 

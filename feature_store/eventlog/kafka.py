@@ -66,6 +66,7 @@ from feature_store.eventlog.base import (
 from feature_store.eventlog.codec import BadRecord, source_of
 from feature_store.eventlog.streams import StreamSpec, stream_spec
 from feature_store.settings import KafkaSettings, Settings
+from feature_store.worker import Worker
 
 DEAD_LETTER_PARTITIONS = 1
 """The dead-letter topic is low-volume; one partition keeps it in arrival order."""
@@ -167,7 +168,7 @@ class KafkaEventLog:
         self.breaker = Breaker("kafka", probe=self._probe_broker)
         """Down after a produce failed or was not acknowledged within its budget; while
         down every produce is refused at once, and a background probe brings it back."""
-        self._connector: threading.Thread | None = None
+        self._connector: Worker | None = None
 
     def client_config(self) -> dict[str, Any]:
         """Connection settings shared by every client this log makes."""
@@ -214,18 +215,21 @@ class KafkaEventLog:
             return self
         self.breaker.failed(EventLogUnavailable("not connected to the broker yet"))
 
-        def connect() -> None:
-            while not self._closed:
+        def connect(stop: threading.Event) -> None:
+            while not stop.is_set():
                 try:
                     self.start()
                 except EventLogUnavailable as exc:
                     self.breaker.failed(exc)
-                    time.sleep(retry_s)
+                    stop.wait(retry_s)
                     continue
+                if stop.is_set():  # closed while this attempt connected: let nothing leak
+                    self._release()
+                    return
                 self.breaker.succeeded()
                 return
 
-        self._connector = threading.Thread(target=connect, name="vidrec-kafka-connect", daemon=True)
+        self._connector = Worker("vidrec-kafka-connect", connect)
         self._connector.start()
         return self
 
@@ -259,6 +263,10 @@ class KafkaEventLog:
         is raised afterwards.
         """
         self._closed = True
+        if self._connector is not None:
+            # Not joined: an attempt in flight may take the bootstrap timeout (about 30 s);
+            # the thread releases what that attempt opens and ends.
+            self._connector.stop(timeout_s=0)
         self._release()
 
     def _release(self) -> None:
@@ -381,9 +389,9 @@ class KafkaEventLog:
     def consumer(self, group_id: str) -> KafkaEventConsumer:
         """A new group member; while connecting in the background, waits for the connection
         (up to ``kafka.request_timeout_ms``: consumers run in threads of their own)."""
-        connector = self._connector
-        if connector is not None and self._producer is None:
-            connector.join(self._timeout_s)
+        connecting = self._connector.thread if self._connector is not None else None
+        if connecting is not None and self._producer is None:
+            connecting.join(self._timeout_s)
         self._ready_producer()
         consumer = KafkaEventConsumer(self, group_id)
         self._consumers.append(consumer)

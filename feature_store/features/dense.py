@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from feature_store.activity.base import HistoryEntry, VideoStats
+from feature_store.event_types import COUNTERS
 from feature_store.features.sources import SOURCES, Scope, source
 
 if TYPE_CHECKING:
@@ -27,10 +28,10 @@ if TYPE_CHECKING:
 
 Floats = npt.NDArray[np.float64]
 
-STAT_FIELDS = (
-    "impressions", "plays", "finishes", "likes", "shares", "skips", "dislikes", "last_ts",
-)
-"""The :class:`VideoStats` fields dense features read, in ``DenseInputs.stats`` column order."""
+STAT_FIELDS = (*COUNTERS, "last_ts")
+"""The :class:`VideoStats` fields dense features (and cold start) may read, in
+``DenseInputs.stats`` column order: every event type's counter
+(:data:`~feature_store.event_types.COUNTERS`) and the latest event's time."""
 _stat_row = attrgetter(*STAT_FIELDS)
 _S = {name: j for j, name in enumerate(STAT_FIELDS)}
 

@@ -45,6 +45,22 @@ Packed = npt.NDArray[np.uint64]
 
 
 @dataclass(frozen=True)
+class Packing:
+    """Which columns of a batch fill which slots of a row of ``width`` slots: the whole
+    layout, or one of its parts (the served log packs the request part of one row and the
+    item part of each served row, :func:`split_from_batch`). Built once per layout, so a
+    request does not rebuild the schema's column lists."""
+
+    width: int
+    categorical_at: tuple[tuple[int, str, str], ...]
+    """Per categorical column: its slot, table and name."""
+    multi_at: tuple[tuple[slice, int, str, str], ...]
+    """Per multi-valued column: its slots, its length slot, table and name."""
+    dense: slice | None
+    """The dense values' slots (None: not in this part)."""
+
+
+@dataclass(frozen=True)
 class ValueLayout:
     """Where each column's values sit in a packed row (see the module docstring)."""
 
@@ -58,11 +74,12 @@ class ValueLayout:
     """Slots of columns whose source reads no video: equal on every item of one request."""
     item_slots: npt.NDArray[np.int64] = field(repr=False)
     """The other slots (video columns, their lengths, every dense value)."""
-    categorical_at: tuple[tuple[int, str, str], ...] = field(repr=False, default=())
-    """Per categorical column: its slot, table and name (what :meth:`FeatureValues.from_batch`
-    reads, kept here so a request does not rebuild the schema's column lists)."""
-    multi_at: tuple[tuple[slice, int, str, str], ...] = field(repr=False, default=())
-    """Per multi-valued column: its slots, its length slot, table and name."""
+    whole: Packing = field(repr=False)
+    """How :meth:`FeatureValues.from_batch` packs a whole row."""
+    request_part: Packing = field(repr=False)
+    """How the ``request_slots`` alone are packed (in their order)."""
+    item_part: Packing = field(repr=False)
+    """How the ``item_slots`` alone are packed (in their order)."""
 
 
 @lru_cache(maxsize=16)
@@ -86,11 +103,36 @@ def layout_of(schema: FeatureSchema) -> ValueLayout:
             request += [*range(multi[col.name].start, multi[col.name].stop), lengths[col.name]]
     request_slots = np.array(sorted(request), dtype=np.int64)
     item_slots = np.setdiff1d(np.arange(width, dtype=np.int64), request_slots)
-    return ValueLayout(
-        schema, width, slice(0, n_cat), multi, lengths, dense, request_slots, item_slots,
+    whole = Packing(
+        width,
         tuple((j, c.table_name(), c.name) for j, c in enumerate(schema.categorical)),
         tuple((multi[c.name], lengths[c.name], c.table_name(), c.name)
               for c in schema.multi_valued),
+        dense,
+    )
+    return ValueLayout(
+        schema, width, slice(0, n_cat), multi, lengths, dense, request_slots, item_slots,
+        whole, _part(whole, request_slots), _part(whole, item_slots),
+    )
+
+
+def _part(whole: Packing, slots: npt.NDArray[np.int64]) -> Packing:
+    """The packing of ``slots`` (sorted) alone: the columns whose slots are there, at their
+    positions among ``slots``. A column's slots are all in one part or all in the other
+    (the parts split by the column's source)."""
+    at = {s: i for i, s in enumerate(slots.tolist())}
+
+    def moved(part: slice) -> slice:
+        start = at[part.start] if part.stop > part.start else 0
+        return slice(start, start + part.stop - part.start)
+
+    dense = whole.dense
+    return Packing(
+        len(slots),
+        tuple((at[j], table, name) for j, table, name in whole.categorical_at if j in at),
+        tuple((moved(multi), at[length], table, name)
+              for multi, length, table, name in whole.multi_at if length in at),
+        moved(dense) if dense is not None and dense.start in at else None,
     )
 
 
@@ -170,20 +212,7 @@ class FeatureValues:
         cls, layout: ValueLayout, batch: BatchFeatures, rows: Indices
     ) -> FeatureValues:
         """The values behind rows ``rows`` of a deduplicated batch (a request's, say)."""
-        out = np.zeros((len(rows), layout.width), dtype=np.uint64)
-        table_keys, indices = batch.table_keys, batch.column_indices
-        for j, table, name in layout.categorical_at:
-            out[:, j] = table_keys[table][indices[name][rows]]
-        sequence = batch.sequence_rows()[rows]
-        for slots, length, table, name in layout.multi_at:
-            keys = np.append(table_keys[table], np.uint64(0))
-            column = indices[name]
-            # A sequence column has one row per sequence: each row reads its own.
-            at = column[rows] if len(column) == batch.batch_size else column[sequence]
-            out[:, slots] = keys[at]
-            out[:, length] = (at < len(keys) - 1).sum(axis=1)
-        out[:, layout.dense] = np.ascontiguousarray(batch.dense[rows]).view(np.uint32)
-        return cls(layout, out)
+        return cls(layout, pack_rows(layout.whole, batch, rows))
 
     # --- to the model's inputs --------------------------------------------
 
@@ -255,3 +284,40 @@ def index_wide(schema: FeatureSchema, batch: int, raw: dict[str, Keys]) -> tuple
     stacked = np.stack(wide_parts, axis=1)  # (B, W)
     unique, inverse = np.unique(stacked.ravel(), return_inverse=True)
     return unique, inverse.reshape(batch, len(wide_parts)).astype(np.int64)
+
+
+def pack_rows(packing: Packing, batch: BatchFeatures, rows: Indices) -> Packed:
+    """``(len(rows), packing.width)`` values of ``rows`` of ``batch`` (see :class:`Packing`)."""
+    out = np.zeros((len(rows), packing.width), dtype=np.uint64)
+    table_keys, indices = batch.table_keys, batch.column_indices
+    for j, table, name in packing.categorical_at:
+        out[:, j] = table_keys[table][indices[name][rows]]
+    if packing.multi_at:
+        sequence = batch.sequence_rows()[rows]
+        padded: dict[str, Keys] = {}  # per table, its keys and a 0 where padding points
+        for slots, length, table, name in packing.multi_at:
+            keys = padded.get(table)
+            if keys is None:
+                keys = padded[table] = np.append(table_keys[table], np.uint64(0))
+            column = indices[name]
+            # A sequence column has one row per sequence: each row reads its own.
+            at = column[rows] if len(column) == batch.batch_size else column[sequence]
+            out[:, slots] = keys[at]
+            out[:, length] = (at < len(keys) - 1).sum(axis=1)
+    if packing.dense is not None:
+        out[:, packing.dense] = np.ascontiguousarray(batch.dense[rows]).view(np.uint32)
+    return out
+
+
+def split_from_batch(
+    layout: ValueLayout, batch: BatchFeatures, rows: Indices
+) -> tuple[Packed, Packed]:
+    """``(R,)`` the request slots (every row of a request shares them: read from the first
+    of ``rows``) and ``(len(rows), I)`` the item slots of ``rows``: what
+    ``from_batch(...).packed`` gives at ``[0, request_slots]`` and ``[:, item_slots]``,
+    without packing the request's columns (the history's dozens of slots) once per row."""
+    if not len(rows):
+        return (np.zeros(layout.request_part.width, np.uint64),
+                np.zeros((0, layout.item_part.width), np.uint64))
+    request = pack_rows(layout.request_part, batch, rows[:1])[0]
+    return request, pack_rows(layout.item_part, batch, rows)

@@ -1,7 +1,7 @@
 """Online candidate signals (trending, co-visitation, creator uploads), shared across processes."""
 
 from feature_store.signals.base import CandidateSignals, SignalParams
-from feature_store.signals.factory import attach_signals, open_signals
+from feature_store.signals.factory import open_signals, serving_signals
 from feature_store.signals.memory import MemorySignals
 from feature_store.signals.redis import RedisSignals
 
@@ -10,6 +10,6 @@ __all__ = [
     "MemorySignals",
     "RedisSignals",
     "SignalParams",
-    "attach_signals",
+    "serving_signals",
     "open_signals",
 ]

@@ -41,16 +41,14 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
-from feature_store.events import Event, EventType
+from feature_store.event_types import MEANINGS, EventType
+from feature_store.events import Event
 
 EVENT_WEIGHTS: dict[EventType, float] = {
-    EventType.CLICK: 0.5,
-    EventType.PLAY: 1.0,
-    EventType.FINISH: 2.0,
-    EventType.LIKE: 3.0,
-    EventType.SHARE: 4.0,
+    kind: m.trending for kind, m in MEANINGS.items() if m.trending
 }
-"""Trending weight per event type; impressions, progress beats and negatives count 0."""
+"""Trending weight per event type (:attr:`~feature_store.event_types.Meaning.trending`);
+impressions, progress beats and negatives count 0."""
 
 T = TypeVar("T")
 
@@ -80,15 +78,15 @@ class SignalParams:
 def is_positive(event: Event, positive_watch_ratio: float) -> bool:
     """An engagement strong enough to say the two videos go together.
 
-    A play without a known duration counts: co-visitation only needs to know
-    the user went on to watch it.
+    An event of a ``positive`` verdict (:mod:`feature_store.event_types`), or one
+    judged by its watch past ``positive_watch_ratio``. A play without a known
+    duration counts: co-visitation only needs to know the user went on to watch it.
     """
-    if event.type in (EventType.FINISH, EventType.LIKE, EventType.SHARE):
-        return True
-    if event.type == EventType.PLAY:
+    verdict = MEANINGS[event.type].verdict
+    if verdict == "watch":
         ratio = event.watch_ratio()
         return ratio is None or ratio >= positive_watch_ratio
-    return False
+    return verdict == "positive"
 
 
 def trending_increments(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import redis
@@ -35,24 +37,25 @@ def open_signals(
     return MemorySignals(signal_params(settings))
 
 
-def attach_signals(resources: Resources) -> CandidateSignals:
-    """The process's signals, opened once and kept in ``resources.signals``.
+@contextmanager
+def serving_signals(resources: Resources) -> Iterator[CandidateSignals]:
+    """The service's signals over ``resources``, closed on exit: the service owns them.
 
     The memory backend restores ``data_dir/signals`` now and snapshots there
-    when ``Resources.close`` closes them, so a restart keeps trending and
-    co-visitation (after a kill -9, the signal feed replays the events since
-    its last snapshot: ``app.signal_feed``). Its per-creator uploads are then
-    indexed again from the catalog, which journals every write, so a video
-    added or hidden after that snapshot counts as such. Idempotent: a second
-    call returns the same object.
+    when closed, so a restart keeps trending and co-visitation (after a kill
+    -9, the signal feed replays the events since its last snapshot:
+    ``app.signal_feed``). Its per-creator uploads are then indexed again from
+    the catalog, which journals every write, so a video added or hidden after
+    that snapshot counts as such. Open once per process (``app.service``): two
+    memory copies would each snapshot over the other.
     """
-    if resources.signals is not None:
-        return resources.signals
     signals = open_signals(resources.settings, resources.redis_client)
     if isinstance(signals, MemorySignals):
         directory = resources.data_dir / "signals"
         signals.restore(directory)
         signals.index_videos(list(resources.catalog.iter_all()))
         signals.snapshot_dir = directory
-    resources.signals = signals
-    return signals
+    try:
+        yield signals
+    finally:
+        signals.close()

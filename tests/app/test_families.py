@@ -19,7 +19,7 @@ import pytest
 
 from app.main import create_app
 from feature_store.events import EventContext
-from feature_store.runtime import families, open_resources, table_specs
+from feature_store.runtime import open_resources, table_specs
 from feature_store.settings import Settings
 from feature_store.sparse import open_table
 from feature_store.sparse.base import SparseTable
@@ -39,7 +39,7 @@ def family_tables(service: Any, backend: str) -> Iterator[dict[str, SparseTable]
         sparse = resources.settings.sparse.model_copy(update={"model_name": FAMILY})
         fam = resources.settings.model_copy(update={"sparse": sparse})
         tables = {s.name: open_table(s, fam) for s in table_specs(resources.schema, fam)}
-        families(resources).register(FAMILY, tables)
+        resources.families.register(FAMILY, tables)
         yield tables
     else:  # another process's trainer: its own client, the family's namespace
         with open_resources(resources.settings, model_name=FAMILY) as other:

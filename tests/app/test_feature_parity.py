@@ -39,6 +39,7 @@ from feature_store.features import (
 )
 from feature_store.features.dense import DenseInputs
 from feature_store.features.sources import Scope
+from feature_store.features.values import split_from_batch
 from feature_store.recommendation_ids import RecommendationIds
 from feature_store.served import decode_served, encode_served
 from feature_store.settings import Settings
@@ -146,8 +147,13 @@ def test_both_extractors_agree_on_random_schemas(seed: int) -> None:
     serving = RequestFeatureExtractor(schema)
     scored = serving.extract_request("u1", TS, context, history, videos, stats)
     assert_same_features(scored, trainer.extract(rows), schema)
-    per_row = FeatureValues.from_batch(layout_of(schema), scored, np.arange(scored.batch_size))
+    layout = layout_of(schema)
+    per_row = FeatureValues.from_batch(layout, scored, np.arange(scored.batch_size))
     np.testing.assert_array_equal(per_row.packed, trainer.values(rows).packed)
+    some = rng.permutation(scored.batch_size)[:7]  # what the served log packs, in parts
+    request, items = split_from_batch(layout, scored, some)
+    np.testing.assert_array_equal(request, per_row.packed[some[0], layout.request_slots])
+    np.testing.assert_array_equal(items, per_row.packed[some][:, layout.item_slots])
 
 
 def test_every_declared_source_is_in_some_random_schema() -> None:
@@ -175,10 +181,11 @@ def test_the_served_log_carries_the_values_scored(seed: int) -> None:
     served = Served(REC[0], "u1", TS, version, context, [v.video_id for v in videos],
                     ["covisit"] * len(videos), scores, order, scored)
     record = writer.to_record(served)
-    assert decode_served(encode_served(record), 128).items == record.items
+    wire = decode_served(encode_served(record), 128)  # the trainer reads what the wire holds
+    assert wire.items == record.items
 
     with MemoryEventLog(settings, stream=stream_spec(settings, "served")) as log:
-        log.produce([record])
+        log.produce([wire])
         join = ServedJoin(log, settings.served_log, FeatureExtractor(schema))
         shown = [  # the client shows the items and reports them with the request's context
             Event(event_id=f"i{k}", user_id="u1", video_id=videos[r].video_id,

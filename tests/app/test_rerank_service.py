@@ -10,7 +10,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from feature_store.signals.feedback import attach_feedback
 from tests.app.conftest import KEY, make_settings, publish_model, service_of, wait_for
 from tests.app.test_api import event_json, put_videos, video_json, with_model
 
@@ -26,7 +25,7 @@ def test_served_pages_are_not_served_again_and_dislikes_never_come_back(
 ) -> None:
     put_videos(client, [video_json(video_id=f"clip{i}", creator_id=f"c{i}") for i in range(30)])
     with_model(client)
-    feedback = attach_feedback(service_of(client).resources)
+    feedback = service_of(client).feedback
 
     first = recommend(client, count=5, exclude_served=True)
     assert len(first) == 5
@@ -70,7 +69,7 @@ def test_every_serving_process_sees_the_same_exclusions(tmp_path: Path, redis_ur
         for client in (one, two):
             service = service_of(client)
             wait_for(lambda s=service: s.model is not None and s.model.version == version)
-        feedback = attach_feedback(service_of(two).resources)
+        feedback = service_of(two).feedback
         first = recommend(one, count=5)  # exclude_served from the setting
         assert len(first) == 5
         wait_for(lambda: len(feedback.read("u9", int(time.time() * 1000)).served) == 5)

@@ -24,7 +24,8 @@ from app.signal_feed import SignalFeed, feed_group
 from feature_store.errors import StoreUnavailable
 from feature_store.events import Event
 from feature_store.runtime import open_resources
-from feature_store.signals import attach_signals
+from feature_store.signals import serving_signals
+from feature_store.signals.feedback import serving_feedback
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
 
 
@@ -85,8 +86,12 @@ def test_without_a_trainer_a_watched_video_is_excluded_and_the_history_moves(
 def test_a_batch_the_feed_failed_to_record_is_recorded_by_its_next_step(tmp_path: Path) -> None:
     """A Redis blip fails a step after the consumer moved past its records: the next step
     records that batch before polling on, and nothing is committed past it meanwhile."""
-    with open_resources(make_settings(tmp_path / "data")) as resources:
-        feed = SignalFeed(resources, attach_signals(resources))
+    with (
+        open_resources(make_settings(tmp_path / "data")) as resources,
+        serving_signals(resources) as signals,
+        serving_feedback(resources) as feedback,
+    ):
+        feed = SignalFeed(resources, signals, feedback)
         consumer = resources.event_log.consumer(feed_group(resources))
         record = resources.activity.record
         calls = []

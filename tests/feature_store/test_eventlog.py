@@ -471,3 +471,47 @@ def test_a_silent_broker_is_marked_down_only_after_its_whole_budget_and_probed_b
             log.produce([make_event()], timeout_s=10)
         finally:
             log.close()
+
+
+def _threads_named(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+def _wait(condition: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+@pytest.mark.kafka
+def test_a_background_connect_refuses_at_once_and_ends_with_close() -> None:
+    """The service's log (``wait=False``) answers while no broker does, and its
+    connecting thread (a ``Worker``) ends once the log is closed."""
+    settings = Settings(
+        event_log=EventLogSettings(backend="kafka"),
+        kafka=KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}", request_timeout_ms=1000),
+    )
+    log = open_event_log(settings, wait=False)
+    with pytest.raises(EventLogUnavailable, match="not connected"):
+        log.produce([make_event()])
+    assert not log.breaker.up  # type: ignore[attr-defined]
+    log.close()
+    _wait(lambda: not _threads_named("vidrec-kafka-connect"))
+
+
+@pytest.mark.kafka
+def test_a_background_connect_reaches_the_broker(kafka_broker: TansuBroker) -> None:
+    settings = Settings(
+        event_log=EventLogSettings(backend="kafka", topic_namespace=f"bg{uuid.uuid4().hex[:8]}"),
+        kafka=KafkaSettings(bootstrap_servers=kafka_broker.bootstrap),
+    )
+    log = open_event_log(settings, wait=False)
+    try:
+        consumer = log.consumer("bg")  # waits for the connection (consumers run in threads)
+        consumer.close()
+        _wait(lambda: log.breaker.up)  # type: ignore[attr-defined]
+        log.produce([make_event()])
+    finally:
+        log.close()
+    _wait(lambda: not _threads_named("vidrec-kafka-connect"))

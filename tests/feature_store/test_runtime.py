@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,23 @@ def test_a_failure_half_way_closes_what_was_already_opened(
         with open_resources(Settings(data_dir=tmp_path)):
             pytest.fail("opened despite the broken catalog")
     assert closed == ["event log"]
+
+
+def test_every_part_comes_in_at_construction_and_none_is_set_from_outside(
+    tmp_path: Path,
+) -> None:
+    """The control channel, the trainer's series and the families exist as soon as the
+    resources do (one object each, whoever asks), and no module can swap a part."""
+    with open_resources(Settings(data_dir=tmp_path)) as resources:
+        assert resources.families.tables(resources.settings.sparse.model_name) is resources.tables
+        resources.trainer_series.append({"ts_ms": 1, "auc": 0.5})
+        assert resources.trainer_series.latest() == {"ts_ms": 1, "auc": 0.5}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            resources.control = resources.control  # type: ignore[misc]
+
+
+def test_a_restart_reads_the_series_the_last_run_wrote(tmp_path: Path) -> None:
+    with open_resources(Settings(data_dir=tmp_path)) as resources:
+        resources.trainer_series.append({"ts_ms": 1, "auc": 0.5})
+    with open_resources(Settings(data_dir=tmp_path)) as resources:
+        assert resources.trainer_series.latest() == {"ts_ms": 1, "auc": 0.5}

@@ -9,9 +9,9 @@ from feature_store.signals.feedback.base import (
     UserFeedback,
 )
 from feature_store.signals.feedback.factory import (
-    attach_feedback,
     feedback_params,
     open_feedback,
+    serving_feedback,
 )
 from feature_store.signals.feedback.memory import MemoryFeedback
 from feature_store.signals.feedback.redis import RedisFeedback
@@ -25,7 +25,7 @@ __all__ = [
     "RedisFeedback",
     "ServedBatch",
     "UserFeedback",
-    "attach_feedback",
+    "serving_feedback",
     "feedback_params",
     "open_feedback",
 ]

@@ -22,6 +22,7 @@ for the embedded process and tests, a ``redis`` one beside this file):
   stays disliked.
 
 A skip is no engagement (the served video stays excluded) and no dislike.
+Dislikes are the events of type ``dislike`` (:data:`DISLIKE`).
 The reader (:mod:`app.rerank`) also drops a served entry when the user's
 history holds the video at or after the served time, so an engagement that
 the signal feed recorded before the served record arrived still counts.
@@ -35,20 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from feature_store.events import Event, EventType
+from feature_store.event_types import EventType, of_types
+from feature_store.events import Event
 from feature_store.signals.base import is_positive
 
-ENGAGEMENTS = frozenset(
-    {
-        EventType.CLICK,
-        EventType.PLAY,
-        EventType.PROGRESS,
-        EventType.FINISH,
-        EventType.LIKE,
-        EventType.SHARE,
-    }
-)
-"""Event types that clear a served-without-engagement entry."""
+ENGAGEMENTS = of_types("engaged")
+"""Event types that clear a served-without-engagement entry: the engaged ones
+(:attr:`~feature_store.event_types.Meaning.engaged`)."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +83,13 @@ class FeedbackView:
 
 EMPTY_VIEW = FeedbackView()
 
+DISLIKE = EventType.DISLIKE
+"""The event type noted as a dislike (the one negative the reranker demotes by)."""
+
 
 def needs_creator(event: Event, positive_watch_ratio: float) -> bool:
     """Whether :meth:`UserFeedback.record_events` needs the creator of ``event``'s video."""
-    return event.type == EventType.DISLIKE or is_positive(event, positive_watch_ratio)
+    return event.type is DISLIKE or is_positive(event, positive_watch_ratio)
 
 
 def creator_changes(
@@ -108,7 +105,7 @@ def creator_changes(
         if creator is None:
             continue
         user = event.user_id
-        if event.type == EventType.DISLIKE:
+        if event.type is DISLIKE:
             disliked[user][creator] = event.ts
             cleared[user].discard(creator)
         elif is_positive(event, positive_watch_ratio):

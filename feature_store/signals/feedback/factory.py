@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import redis
@@ -34,19 +36,20 @@ def open_feedback(
     return MemoryFeedback(feedback_params(settings))
 
 
-def attach_feedback(resources: Resources) -> UserFeedback:
-    """The process's feedback, opened once and kept in ``resources.feedback``.
+@contextmanager
+def serving_feedback(resources: Resources) -> Iterator[UserFeedback]:
+    """The service's feedback over ``resources``, closed on exit: the service owns it.
 
     The memory backend restores ``data_dir/feedback`` now and snapshots there
-    when ``Resources.close`` closes it (and whenever the signal feed
-    snapshots the signals). Idempotent: a second call returns the same object.
+    when closed (and whenever the signal feed snapshots the signals). Open
+    once per process (``app.service``), like the signals.
     """
-    if resources.feedback is not None:
-        return resources.feedback
     feedback = open_feedback(resources.settings, resources.redis_client)
     if isinstance(feedback, MemoryFeedback):
         directory = resources.data_dir / "feedback"
         feedback.restore(directory)
         feedback.snapshot_dir = directory
-    resources.feedback = feedback
-    return feedback
+    try:
+        yield feedback
+    finally:
+        feedback.close()

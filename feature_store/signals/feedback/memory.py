@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from feature_store.atomic import atomic_json
-from feature_store.events import Event, EventType
+from feature_store.events import Event
 from feature_store.signals.feedback.base import (
+    DISLIKE,
     ENGAGEMENTS,
     FeedbackParams,
     FeedbackView,
@@ -90,7 +91,7 @@ class MemoryFeedback:
                     served = self._served.get(event.user_id)
                     if served:
                         served.pop(event.video_id, None)
-                elif event.type == EventType.DISLIKE:
+                elif event.type is DISLIKE:
                     self._stamp(self._disliked, event.user_id, event.video_id, event.ts, keep)
             disliked, cleared = creator_changes(
                 events, creators, self.params.positive_watch_ratio

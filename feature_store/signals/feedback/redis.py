@@ -23,8 +23,9 @@ from feature_store.constants import (
     FEEDBACK_DISLIKED_CREATORS,
     FEEDBACK_SERVED,
 )
-from feature_store.events import Event, EventType
+from feature_store.events import Event
 from feature_store.signals.feedback.base import (
+    DISLIKE,
     ENGAGEMENTS,
     FeedbackParams,
     FeedbackView,
@@ -71,7 +72,7 @@ class RedisFeedback:
         for event in events:
             if event.type in ENGAGEMENTS:
                 cleared[event.user_id].add(event.video_id)
-            elif event.type == EventType.DISLIKE:
+            elif event.type is DISLIKE:
                 stamps = disliked[event.user_id]
                 stamps[event.video_id] = max(stamps.get(event.video_id, 0), event.ts)
         disliked_creators, forgiven = creator_changes(
