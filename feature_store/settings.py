@@ -130,6 +130,10 @@ class EventLogSettings(_Section):
     """Partitions of the in-process log (user_id decides the partition)."""
     memory_retention_records: int = Field(2_000_000, ge=1000)
     """Records kept per partition by the in-process log; older ones are dropped."""
+    memory_persist: bool = True
+    """Write the in-process log's records and committed offsets under
+    ``data_dir/eventlog`` (a restart resumes from them). Off for a throwaway replay
+    (``vidrec eval``), where each commit would rewrite the offsets file for nothing."""
     max_record_bytes: int = Field(64 * 1024, ge=512)
     """A record larger than this is dead-lettered without being decoded."""
 
