@@ -19,8 +19,9 @@ What makes users' tastes learnable, and the log look like a micro-video one:
 - **popularity skew**: within a topic, a video's chance goes as
   ``rank ** -0.7`` (a few hits, a long tail); the exploration views follow
   the same skew over the whole catalog;
-- **sessions**: a view's topic repeats the previous view's with probability
-  0.5 (users binge a topic), so the order of a user's views says something;
+- **sessions**: a view keeps the previous view's topic with probability 0.5
+  (else its topic is drawn again from the user's; users binge a topic), so
+  the order of a user's views says something;
 - **activity**: views per user are long-tailed (a discrete Pareto of shape
   1.3 above the floor), between ``--min-views`` and ``--max-views``; the most
   active user has exactly ``--max-views`` and the total is exactly
@@ -55,7 +56,7 @@ MIN_GAP_MS = 120_000
 EXPLORE = 0.15
 """Share of views drawn from the whole catalog by popularity instead of the user's topics."""
 STAY = 0.5
-"""Chance that a view's topic is the previous view's (binge-watching a topic)."""
+"""Chance that a view keeps the previous view's topic (binge-watching a topic)."""
 SKEW = 0.7
 """Zipf exponent of a video's popularity rank (within its topic and overall)."""
 
