@@ -74,8 +74,11 @@ class SignalFeed:
     """A thread consuming the event log into the candidate signals."""
 
     def __init__(
-        self, resources: Resources, signals: CandidateSignals, feedback: UserFeedback
+        self, resources: Resources, signals: CandidateSignals, feedback: UserFeedback,
+        snapshots: bool = True,
     ) -> None:
+        """``snapshots=False``: never snapshot in-process signals (a throwaway replay such
+        as ``vidrec eval``, whose state dies with it; each commit is then immediate)."""
         self.resources = resources
         self.signals = signals
         self.feedback = feedback
@@ -84,7 +87,9 @@ class SignalFeed:
         """Events recorded since start."""
         self.last_error: str | None = None
         snapshot_dir = getattr(signals, "snapshot_dir", None)
-        self._snapshot_dir: Path | None = snapshot_dir if isinstance(snapshot_dir, Path) else None
+        self._snapshot_dir: Path | None = (
+            snapshot_dir if snapshots and isinstance(snapshot_dir, Path) else None
+        )
         """Where in-process signals are snapshotted (then the feed commits after each)."""
         self._next_snapshot = time.monotonic() + SNAPSHOT_EVERY_S
         self._uncommitted = False

@@ -49,11 +49,13 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    WithJsonSchema,
     model_serializer,
 )
 
 from feature_store.atomic import atomic_text
 from feature_store.errors import Conflict, InvalidInput, NotFound, StoreUnavailable
+from feature_store.heads import HEAD_NAMES
 
 FILE = "experiments.json"
 LOCK_FILE = ".experiments.lock"
@@ -64,8 +66,18 @@ FAMILY = r"^[A-Za-z0-9_-]{1,32}$"
 """A model family: the pattern of ``sparse.model_name``."""
 _SPACE = 2**64
 
-Head = Literal["engagement", "watch", "negative"]
-"""A ranking head of the model (``feature_store.model_io.HEADS`` is their output order)."""
+
+
+def _known_head(name: str) -> str:
+    if name not in HEAD_NAMES:
+        raise ValueError(f"no ranking head {name!r}; the heads are {', '.join(HEAD_NAMES)}")
+    return name
+
+
+Head = Annotated[
+    str, AfterValidator(_known_head), WithJsonSchema({"type": "string", "enum": list(HEAD_NAMES)})
+]
+"""The name of a ranking head of the model (:data:`feature_store.heads.HEADS`)."""
 
 
 def _nonzero(weight: float) -> float:

@@ -20,18 +20,12 @@ Inputs (B = rows in the batch, N_t = unique keys pulled from table t):
   ``0..B-1``; a recommend request: all 0, so its user's sequence is computed
   once for every candidate).
 
-Outputs, float32 ``(B,)`` each, one per ranking head (:data:`HEADS`, see the
-trainer's label policy in ``trainer/labels.py`` and ``docs/training.md``):
-
-- ``score``: the ``engagement`` head, the predicted probability of a positive
-  outcome (finish, like, share, a play past ``positive_watch_ratio``). It
-  keeps the name a single-output model gave its only output, so a version
-  with heads still serves on a server that predates them, and a server
-  reads a single-output version as engagement alone;
-- ``watch``: the predicted quantile, in [0, 1], of the watch ratio within
-  the video's duration bucket, given a play;
-- ``negative``: the predicted probability of an explicit negative (skip,
-  dislike).
+Outputs, float32 ``(B,)`` each, one per ranking head, in the order of
+:data:`feature_store.heads.HEADS` and named by each head's ``output``: ``score``
+(the primary, ``engagement`` head: it keeps the name a single-output model
+gave its only output, so a version with heads still serves on a server that
+predates them, and a server reads a single-output version as engagement
+alone), ``watch``, ``negative``.
 
 The served score fuses them (``app/scoring/fusion.py``).
 """
@@ -41,22 +35,27 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.experiments import Head
 from feature_store.features.columns import Categorical, MultiValued
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
+from feature_store.heads import HEAD_NAMES, PRIMARY
+from feature_store.heads import HEADS as HEAD_SPECS
 
 WIDE_WEIGHTS = "wide_weights"
 WIDE_INDICES = "wide_idx"
 DENSE = "dense"
 SEQUENCE_ROWS = "seq_row"
-SCORE = "score"
+SCORE = PRIMARY.output_name
+"""The primary head's output: the one output every version has."""
+SCORE_HEAD = PRIMARY.name
+"""The primary head, whose output is :data:`SCORE`."""
 
-HEADS: tuple[Head, ...] = ("engagement", "watch", "negative")
-"""Ranking heads, in the order of the model's outputs (and of its last layer's rows)."""
-HEAD_OUTPUTS = {"engagement": SCORE, "watch": "watch", "negative": "negative"}
-"""ONNX output name of each head (engagement keeps the single-output model's name)."""
-OUTPUT_NAMES = [HEAD_OUTPUTS[h] for h in HEADS]
+HEADS: tuple[str, ...] = HEAD_NAMES
+"""Ranking heads by name, in the order of the model's outputs (and of its last layer's
+rows); their specs are :data:`feature_store.heads.HEADS`."""
+HEAD_OUTPUTS = {h.name: h.output_name for h in HEAD_SPECS}
+"""ONNX output name of each head."""
+OUTPUT_NAMES = [h.output_name for h in HEAD_SPECS]
 """Every output of a model with heads, in order."""
 
 

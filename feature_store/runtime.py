@@ -345,7 +345,9 @@ def open_resources(
             opened.callback(_close_redis, client)
         store_client = client if settings.stores.backend == "redis" else None
         event_log = open_event_log(
-            settings, data_dir=data_dir / "eventlog", wait=wait_for_event_log
+            settings,
+            data_dir=data_dir / "eventlog" if settings.event_log.memory_persist else None,
+            wait=wait_for_event_log,
         )
         opened.callback(event_log.close)
         catalog = open_catalog(settings, redis_client=store_client, data_dir=data_dir / "catalog")

@@ -12,7 +12,7 @@ their own section here so that the whole configuration stays one document.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -23,12 +23,19 @@ from feature_store.experiments import (
     Head,
     RankingWeights,
 )
+from feature_store.heads import HEADS
 from feature_store.keys import HOW_TO, MIN_LENGTH, key_weakness
 
 
-def _heads(**weights: float) -> dict[Head, float]:
-    """A per-head mapping, typed (the defaults of the head weights)."""
-    return {h: weights[h] for h in get_args(Head) if h in weights}
+def _fusion_weights() -> dict[str, float]:
+    """The heads' default fusion weights (:attr:`~feature_store.heads.HeadSpec.fusion_weight`),
+    those that are not 0."""
+    return {h.name: h.fusion_weight for h in HEADS if h.fusion_weight}
+
+
+def _loss_weights() -> dict[str, float]:
+    """The heads' default loss multipliers (:attr:`~feature_store.heads.HeadSpec.loss_weight`)."""
+    return {h.name: h.loss_weight for h in HEADS}
 
 
 class _Section(BaseModel):
@@ -123,6 +130,10 @@ class EventLogSettings(_Section):
     """Partitions of the in-process log (user_id decides the partition)."""
     memory_retention_records: int = Field(2_000_000, ge=1000)
     """Records kept per partition by the in-process log; older ones are dropped."""
+    memory_persist: bool = True
+    """Write the in-process log's records and committed offsets under
+    ``data_dir/eventlog`` (a restart resumes from them). Off for a throwaway replay
+    (``vidrec eval``), where each commit would rewrite the offsets file for nothing."""
     max_record_bytes: int = Field(64 * 1024, ge=512)
     """A record larger than this is dead-lettered without being decoded."""
 
@@ -321,11 +332,12 @@ class ApiSettings(_Section):
     """Run the signal feed (a consumer group updating trending, co-visitation and
     serving's histories and video counters, ``app/signal_feed.py``) in the service
     process. Turn off only where another process records them."""
-    ranking_weights: RankingWeights = Field(default_factory=lambda: _heads(engagement=1.0))
+    ranking_weights: RankingWeights = Field(default_factory=_fusion_weights)
     """Weight of each ranking head in the served score (dimensionless exponents, see
     ``app/scoring/fusion.py``): ``log score = sum |w| log p`` (``log(1 - p)`` for a
     negative weight), so the score stays in (0, 1] and ``{"engagement": 1}`` alone is
-    the engagement probability. Engagement alone by default: on ml-100k it kept the
+    the engagement probability. Each head's ``fusion_weight`` by default
+    (``feature_store/heads.py``), engagement alone: on ml-100k it kept the
     service's recall@20 and NDCG@20, and engagement 1, watch 0.5, negative -1 lost a
     little of both (docs/benchmarks.md); try other weights in an experiment arm
     (``Arm.fusion``). A model from before heads is scored by engagement alone.
@@ -627,10 +639,9 @@ class TrainerSettings(_Section):
     """Per event type (``like``, ``skip``, ``impression``...) loss weight; 1 if absent.
     Applies to every head's loss term of the sample."""
     # --- ranking heads (trainer/labels.py, docs/training.md "Heads") ---
-    head_loss_weights: dict[Head, float] = Field(
-        default_factory=lambda: _heads(engagement=1.0, watch=1.0, negative=1.0)
-    )
-    """Multiplier of each head's summed loss (dimensionless; a head absent: 1). 0 stops a
+    head_loss_weights: dict[Head, float] = Field(default_factory=_loss_weights)
+    """Multiplier of each head's summed loss (dimensionless; a head absent: its
+    ``loss_weight``, ``feature_store/heads.py``). 0 stops a
     head learning (its output stays served); the engagement head is the one the wide part
     and the prequential ``auc`` follow, so it is the one to keep."""
     watch_duration_buckets_s: tuple[float, ...] = (15, 30, 60, 120, 300, 600, 1200)

@@ -26,9 +26,11 @@ Each labelled event is one sample, so a play to the end followed by a like
 gives two positives: stronger engagement weighs more. ``sample_weights``
 maps an event type to a loss weight (default 1 for every type).
 
-**Heads.** The table above is the ``engagement`` head's label
-(:attr:`Sample.label`). A sample carries one label per ranking head, NaN
-where its event says nothing about that head (the head's loss ignores it):
+**Heads.** The table above is the primary (``engagement``) head's label
+(:attr:`Sample.label`). A sample carries one label per ranking head
+(:data:`feature_store.heads.HEADS`: each head's ``label`` reads the event
+type's verdict and the watch ratio), NaN where its event says nothing about
+that head (the head's loss ignores it); with the declared heads:
 
 ==============  ============  ======================  ===========
 verdict         engagement    watch                   negative
@@ -93,6 +95,7 @@ import numpy.typing as npt
 
 from feature_store.event_types import MEANINGS, EventType, of_types, valued
 from feature_store.events import Event, EventContext
+from feature_store.heads import HEAD_NAMES, HEADS, Outcome
 from feature_store.settings import FeatureSettings, TrainerSettings
 from trainer.watch import WatchQuantiles
 
@@ -146,16 +149,31 @@ class Sample(NamedTuple):
     model that has since learnt from the same session's positives, and
     scoring it then would bias the metric (measured on a feed whose
     engagement is chance: AUC 0.48 instead of 0.50)."""
-    watch: float = math.nan
-    """The watch head's target in [0, 1] (:mod:`trainer.watch`); NaN: no play."""
-    negative: float = math.nan
-    """The negative head's label: 1 for skip and dislike, 0 for the other samples."""
+    others: tuple[float, ...] = ()
+    """The labels of the heads after the primary one (``HEADS[1:]``, in order), NaN
+    where the event says nothing of a head; empty: none of them."""
+
+    def head(self, name: str) -> float:
+        """This sample's label for head ``name`` (NaN: none)."""
+        position = HEAD_NAMES.index(name)
+        if position == 0:
+            return self.label
+        return self.others[position - 1] if self.others else _NAN
 
 
-Labels = tuple[float, float, float]
-"""(engagement, watch ratio, negative) of one event, NaN where it says nothing."""
+Labels = tuple[float, ...]
+"""Every head's label of one event (:data:`~feature_store.heads.HEADS` order), NaN where it
+says nothing of that head."""
 
 _NAN = math.nan
+_QUANTILE_HEADS = [i for i, h in enumerate(HEADS) if h.target == "watch_quantile"]
+"""Positions of the heads whose label (a watch ratio) trains as its quantile."""
+_TIMED_OUT: dict[EventType, Labels] = {
+    kind: tuple(head.label(Outcome(meaning, False, None)) for head in HEADS)
+    for kind, meaning in MEANINGS.items()
+    if meaning.shows
+}
+"""Every head's label of an impression that timed out: not valued, no watch."""
 
 
 class Shown(NamedTuple):
@@ -190,11 +208,8 @@ class LabelPolicy:
         if verdict == "watch" and ratio is None:
             return None
         judged = valued(event.type, ratio, self.positive_ratio, self.short_ratio)
-        return (
-            _NAN if judged is None else float(judged),
-            _NAN if ratio is None else ratio,
-            1.0 if verdict == "negative" else 0.0,
-        )
+        outcome = Outcome(MEANINGS[event.type], judged, ratio)
+        return tuple(head.label(outcome) for head in HEADS)
 
     def watch_target(self, event: Event, ratio: float, duration_ms: int | None) -> float:
         """The watch head's target of a play of ``ratio``; counts the play (stateful)."""
@@ -262,12 +277,15 @@ class Joiner:
         # Only now (featurise may raise, and the caller retries) does the watch
         # estimate count this batch's plays, in log order.
         for i, labelled in enumerate(labels):
-            if labelled is not None and labelled[1] == labelled[1]:
-                event = events[i]
-                target = self.policy.watch_target(
-                    event, labelled[1], durations.get(event.video_id)
-                )
-                labels[i] = (labelled[0], target, labelled[2])
+            if labelled is None:
+                continue
+            for j in _QUANTILE_HEADS:
+                if labelled[j] == labelled[j]:
+                    event = events[i]
+                    target = self.policy.watch_target(
+                        event, labelled[j], durations.get(event.video_id)
+                    )
+                    labelled = labels[i] = (*labelled[:j], target, *labelled[j + 1 :])
         row_of = {position: row for row, position in enumerate(own)}
         samples: list[Sample] = []
         weight_of = self.policy.weight
@@ -291,7 +309,7 @@ class Joiner:
                     del pending[key]
                     self._size -= 1
                 if label is not None:
-                    engagement, watch, negative = label
+                    engagement, others = label[0], label[1:]
                     shown = self._shown.get(key)
                     if shown is None:
                         assert moments is not None
@@ -299,13 +317,13 @@ class Joiner:
                         row = row_of[i]
                         samples.append(Sample(
                             event, engagement, weight_of(event.type), event.context,
-                            moments.values[row], float(moments.scores[row]), watch, negative,
+                            moments.values[row], float(moments.scores[row]), others,
                         ))
                     else:
                         context = merge_context(event.context, shown.impression.context)
                         samples.append(Sample(
                             event, engagement, weight_of(event.type), context, shown.values,
-                            shown.score, watch, negative,
+                            shown.score, others,
                         ))
             if event.ts > watermark.get(partition, 0):
                 watermark[partition] = event.ts
@@ -369,8 +387,10 @@ class Joiner:
     def _negative(self, shown: Shown) -> Sample:
         impression = shown.impression
         weight = self.policy.weight(impression.type)
+        labels = _TIMED_OUT[impression.type]
         return Sample(
-            impression, 0.0, weight, impression.context, shown.values, shown.score, _NAN, 0.0
+            impression, labels[0], weight, impression.context, shown.values, shown.score,
+            labels[1:],
         )
 
     # --- checkpointing ------------------------------------------------------

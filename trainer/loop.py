@@ -60,7 +60,7 @@ from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event
 from feature_store.features.values import FeatureValues
-from feature_store.model_io import HEADS
+from feature_store.heads import HEADS
 from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
 from feature_store.runtime import Resources
 from feature_store.timeseries import MetricsSeries
@@ -120,7 +120,7 @@ class OnlineTrainer:
             resources.tables,
             self.model,
             cfg.dense_learning_rate,
-            head_weights=[cfg.head_loss_weights.get(h, 1.0) for h in HEADS],
+            head_weights=[cfg.head_loss_weights.get(h.name, h.loss_weight) for h in HEADS],
         )
         self.retrieval = (
             RetrievalTrainer(
@@ -723,11 +723,11 @@ class OnlineTrainer:
             return
         dense = torch.load(directory / DENSE_FILE, weights_only=True)
         if upgrade_state_dict(self.model, dense["model"]):
-            # A checkpoint from before heads: its output is the engagement head's
-            # row; the other heads start fresh, and so does Adam (its moments
-            # have the old layer's shape).
+            # A checkpoint from before some heads (before any: its one output is the
+            # primary head's row): its rows keep their heads, the new heads start
+            # fresh, and so does Adam (its moments have the old layer's shape).
             self.model.load_state_dict(dense["model"])
-            log.warning("checkpoint %d has one output: heads added, optimizer reset", seq)
+            log.warning("checkpoint %d has fewer heads: heads added, optimizer reset", seq)
         else:
             self.model.load_state_dict(dense["model"])
             self.trainer.optimizer.load_state_dict(dense["optimizer"])

@@ -15,16 +15,18 @@ Kept over a sliding window of the last ``metrics_window`` samples:
   liked" would predict). The model earns its keep by beating it;
 - ``positive_rate`` of the window.
 
-Those are the engagement head's (samples with an engagement label). Each
-other head (:data:`feature_store.model_io.HEADS`) has its own window of the
+Those are the primary (engagement) head's (samples with its label). Each
+other head (:data:`feature_store.heads.HEADS`) has its own window of the
 samples labelled for it, with the same kind of popularity baseline (each
-video's smoothed mean label before the batch):
+video's smoothed mean label before the batch), and the figures of its
+declared ``metric`` (:data:`feature_store.heads.METRIC_FIGURES`), keyed
+``{head}_{figure}``:
 
-- ``negative_auc`` / ``negative_baseline_auc``, ``negative_rate``: the
-  explicit-negative head (skip, dislike);
-- ``watch_spearman`` / ``watch_baseline_spearman`` (rank correlation of the
-  predicted and the target watch quantile) and ``watch_mae`` /
-  ``watch_baseline_mae``, ``watch_samples``: the watch head.
+- ``auc``: ``_auc`` / ``_baseline_auc``, ``_rate``, ``_samples`` (the
+  explicit-negative head: ``negative_auc``...);
+- ``rank``: ``_spearman`` / ``_baseline_spearman`` (rank correlation of the
+  prediction and the target) and ``_mae`` / ``_baseline_mae``, ``_samples``
+  (the watch head: ``watch_spearman``...).
 
 The heads' scores are the training step's pre-update forward pass; the
 engagement head's are the score as shown where one was made (see
@@ -44,13 +46,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from feature_store.heads import HEAD_NAMES, HEADS, PRIMARY
 from feature_store.quality import log_loss, mean_abs_error, roc_auc, spearman
 
 Floats = npt.NDArray[np.float64]
@@ -127,6 +130,34 @@ class HeadWindow:
         return self.scores.values(), self.labels.values(), self.baseline.values()
 
 
+def _auc_figures(scores: Floats, labels: Floats, base: Floats) -> dict[str, float]:
+    return {
+        "auc": roc_auc(scores, labels),
+        "baseline_auc": roc_auc(base, labels),
+        "rate": float(labels.mean()) if len(labels) else float("nan"),
+        "samples": float(len(labels)),
+    }
+
+
+def _rank_figures(scores: Floats, targets: Floats, base: Floats) -> dict[str, float]:
+    return {
+        "spearman": spearman(scores, targets),
+        "baseline_spearman": spearman(base, targets),
+        "mae": mean_abs_error(scores, targets),
+        "baseline_mae": mean_abs_error(base, targets),
+        "samples": float(len(targets)),
+    }
+
+
+_FIGURES: dict[str, Callable[[Floats, Floats, Floats], dict[str, float]]] = {
+    "auc": _auc_figures, "rank": _rank_figures,
+}
+"""Each :data:`~feature_store.heads.Metric`'s figures (:data:`~feature_store.heads.
+METRIC_FIGURES`) from a window's predictions, labels and popularity baseline."""
+_GAUGED = {"auc": ("auc",), "rank": ("spearman", "mae")}
+"""The figures of each metric exported as ``vidrec_trainer_head_metric`` gauges."""
+
+
 class TrainerMetrics:
     """Sliding-window prequential metrics, loop rates, and their Prometheus gauges."""
 
@@ -142,9 +173,9 @@ class TrainerMetrics:
         self._weights = _Ring(window)
         self._baseline = _Ring(window)
         self.popularity = PopularityBaseline()
-        self.watch = HeadWindow(window)
-        self.negative = HeadWindow(window)
-        self.head_samples = {"engagement": 0, "watch": 0, "negative": 0}
+        self.heads = {head.name: HeadWindow(window) for head in HEADS[1:]}
+        """The other heads' windows (the primary head's are the fields above)."""
+        self.head_samples = dict.fromkeys(HEAD_NAMES, 0)
         """Samples each head has trained on in all (checkpointed, and exported with the
         version: a server leaves a head that never trained out of its fusion)."""
         self.rate_window_s = rate_window_s
@@ -215,7 +246,7 @@ class TrainerMetrics:
         """
         all_ids = list(video_ids)
         known = ~np.isnan(labels)
-        self.head_samples["engagement"] += int(known.sum())
+        self.head_samples[PRIMARY.name] += int(known.sum())
         if not known.all():
             video_ids = [v for v, k in zip(all_ids, known.tolist(), strict=True) if k]
             scores, labels, weights = scores[known], labels[known], weights[known]
@@ -226,12 +257,15 @@ class TrainerMetrics:
         self._weights.extend(weights)
         if heads is None or targets is None:
             return
-        for column, head in ((1, self.watch), (2, self.negative)):
+        for column, spec in enumerate(HEADS):
+            window = self.heads.get(spec.name)
+            if window is None or column >= targets.shape[1]:
+                continue
             has = ~np.isnan(targets[:, column])
-            self.head_samples["watch" if column == 1 else "negative"] += int(has.sum())
+            self.head_samples[spec.name] += int(has.sum())
             if has.any():
                 ids = [v for v, k in zip(all_ids, has.tolist(), strict=True) if k]
-                head.observe(ids, heads[has, column], targets[has, column])
+                window.observe(ids, heads[has, column], targets[has, column])
 
     def observe_batch(
         self, events: int, samples: int, duplicates: int, unique_keys: int, seconds: float
@@ -292,19 +326,14 @@ class TrainerMetrics:
         }
 
     def head_window(self) -> dict[str, float]:
-        """The watch and negative heads' figures over their windows."""
-        w_scores, w_targets, w_base = self.watch.values()
-        n_scores, n_labels, n_base = self.negative.values()
-        return {
-            "watch_spearman": spearman(w_scores, w_targets),
-            "watch_mae": mean_abs_error(w_scores, w_targets),
-            "watch_baseline_spearman": spearman(w_base, w_targets),
-            "watch_baseline_mae": mean_abs_error(w_base, w_targets),
-            "watch_samples": float(len(w_targets)),
-            "negative_auc": roc_auc(n_scores, n_labels),
-            "negative_baseline_auc": roc_auc(n_base, n_labels),
-            "negative_rate": float(n_labels.mean()) if len(n_labels) else float("nan"),
-        }
+        """The other heads' figures over their windows (each head's
+        :attr:`~feature_store.heads.HeadSpec.metric`, keys ``{head}_{figure}``)."""
+        out: dict[str, float] = {}
+        for spec in HEADS[1:]:
+            scores, labels, base = self.heads[spec.name].values()
+            found = _FIGURES[spec.metric](scores, labels, base)
+            out.update({f"{spec.name}_{figure}": value for figure, value in found.items()})
+        return out
 
     def snapshot(self) -> dict[str, Any]:
         """The current point: window metrics, rates, latency, keys, lag, totals."""
@@ -327,9 +356,11 @@ class TrainerMetrics:
                 gauge.set(point[key])
         if point["baseline_auc"] == point["baseline_auc"]:
             self.g_base_auc.set(point["baseline_auc"])
-        for head, metric in (("watch", "spearman"), ("watch", "mae"), ("negative", "auc")):
-            value = point[f"{head}_{metric}"]
-            if value == value:
-                self.g_head.labels(head, metric).set(value)
+        for spec in HEADS[1:]:
+            for figure in _GAUGED[spec.metric]:
+                value = point[f"{spec.name}_{figure}"]
+                if value == value:
+                    self.g_head.labels(spec.name, figure).set(value)
         self.g_rate.set(events_s)
         return point
+

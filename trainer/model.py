@@ -6,7 +6,7 @@ in :func:`~feature_store.model_io.input_names` order, and returns the score
 (the ``engagement`` head); :meth:`WideDeep.logits` is the same computation
 before the sigmoid, which training uses for a numerically stable loss.
 
-Heads (:data:`feature_store.model_io.HEADS`): the deep tower is shared and
+Heads (:data:`feature_store.heads.HEADS`, the first the primary one): the deep tower is shared and
 its last layer has one output per head; :meth:`WideDeep.head_logits` gives
 all of them ``(B, H)``. The wide part and the global bias add to the
 engagement head only: the wide table has one weight per key (its dimension
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from feature_store.features.columns import Attention, MultiValued
 from feature_store.features.schema import FeatureSchema
-from feature_store.model_io import HEADS
+from feature_store.heads import HEADS
 
 
 class WideDeep(nn.Module):
@@ -208,12 +208,6 @@ class AttentionBlock(nn.Module):
         return pooled.flatten(1)
 
 
-PRIOR_RATES = {"negative": 0.05}
-"""Initial output of a head whose label is rare: its bias starts at the log-odds of
-this rate instead of 0 (50%), so its first batches do not push the shared tower
-hard toward "rare" (explicit negatives are a few percent of samples)."""
-
-
 def _head_layer(width: int, heads: int) -> nn.Linear:
     """The last layer, one output per head, drawing from the global RNG what the
     single-output layer drew: the engagement row is initialised exactly as before
@@ -227,8 +221,11 @@ def _head_layer(width: int, heads: int) -> nn.Linear:
         layer.weight[:1] = engagement.weight
         layer.bias[:1] = engagement.bias
         for i, head in enumerate(HEADS):
-            if head in PRIOR_RATES:
-                layer.bias[i] = math.log(PRIOR_RATES[head] / (1 - PRIOR_RATES[head]))
+            # A rare label's head starts at its rate, not 50%: its first batches then do
+            # not push the shared tower hard toward "rare" (explicit negatives are a few
+            # percent of samples).
+            if i and head.prior_rate is not None:
+                layer.bias[i] = math.log(head.prior_rate / (1 - head.prior_rate))
     return layer
 
 

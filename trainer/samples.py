@@ -29,6 +29,7 @@ from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.values import FeatureValues, ValueLayout
+from feature_store.heads import HEADS
 from trainer.labels import Sample
 
 
@@ -86,13 +87,17 @@ def featurise(
     return extractor.values(rows).packed
 
 
+_NO_OTHERS = (np.nan,) * (len(HEADS) - 1)
+"""The labels after the primary head's of a sample that has none of them."""
+
+
 @dataclass
 class LabelledRows:
     """Samples' feature values with their labels and loss weights, aligned."""
 
     values: FeatureValues
     labels: npt.NDArray[np.float32]
-    """The engagement head's labels (NaN: a sample for the other heads only)."""
+    """The primary (engagement) head's labels (NaN: a sample for the other heads only)."""
     weights: npt.NDArray[np.float32]
     video_ids: list[str]
     shown_scores: npt.NDArray[np.float64]
@@ -110,6 +115,6 @@ def labelled_rows(samples: Sequence[Sample], layout: ValueLayout) -> LabelledRow
         video_ids=[s.event.video_id for s in samples],
         shown_scores=np.fromiter((s.score for s in samples), np.float64, len(samples)),
         targets=np.array(
-            [(s.label, s.watch, s.negative) for s in samples], dtype=np.float32
-        ).reshape(len(samples), 3),
+            [(s.label, *(s.others or _NO_OTHERS)) for s in samples], dtype=np.float32
+        ).reshape(len(samples), len(HEADS)),
     )

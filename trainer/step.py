@@ -32,15 +32,16 @@ averaging, keeps each key's gradient proportional to how often the batch
 used it, independent of batch size; the sparse optimizers (Adagrad, FTRL)
 normalise step sizes per key, and Adam is invariant to the scale.
 
-With heads (:data:`feature_store.model_io.HEADS`) the loss is the sum over
-heads of each head's summed cross-entropy (the watch head's target is a
-soft label in [0, 1]) times its ``head_loss_weights`` entry, each sample
-counting only for the heads it has a label for (NaN: masked out).
+With heads (:data:`feature_store.heads.HEADS`) the loss is the sum over
+heads of each head's summed loss (its spec's ``loss``, :data:`LOSSES`: all
+cross-entropy, the watch head's target a soft label in [0, 1]) times its
+``head_loss_weights`` entry, each sample counting only for the heads it has
+a label for (NaN: masked out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,9 +52,28 @@ from torch.nn import functional
 
 from feature_store.features.extract import BatchFeatures, FeatureExtractor
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
+from feature_store.heads import HEADS
 from feature_store.sparse.base import Keys, Rows, SparseTable
 from feature_store.sparse.steps import Rounds, errors, pull_many, push_many, start_pushes
 from trainer.model import WideDeep
+
+LOSSES: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "bce": lambda logits, target, weight: functional.binary_cross_entropy_with_logits(
+        logits, target, weight=weight, reduction="sum"
+    ),
+}
+"""Each :data:`~feature_store.heads.Loss` as ``(logits, targets, weights) -> summed loss``
+over ``(B, h)`` columns of the heads that use it."""
+
+
+def _loss_columns(width: int) -> list[tuple[str, list[int]]]:
+    """The first ``width`` heads' positions grouped by loss, in first-use order (one
+    call per loss: with every head on ``bce`` the loss is one fused call)."""
+    groups: dict[str, list[int]] = {}
+    for i, head in enumerate(HEADS[:width]):
+        groups.setdefault(head.loss, []).append(i)
+    return list(groups.items())
+
 
 Push = tuple[SparseTable, Keys, Rows]
 """One table's share of a step's pushes: the table, its keys, their gradients."""
@@ -186,17 +206,22 @@ class Trainer:
         labels: npt.NDArray[np.float32],
         weights: npt.NDArray[np.float32],
     ) -> Tensor:
-        """Summed weighted cross-entropy over the labelled (sample, head) pairs."""
+        """Each head's loss (:attr:`~feature_store.heads.HeadSpec.loss`) summed over its
+        labelled samples, weighted, summed over the heads."""
         target = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
         if target.dim() == 1:
             target = target.unsqueeze(1)
-        logits = head_logits[:, : target.shape[1]]
+        width = target.shape[1]
         known = ~torch.isnan(target)
-        per_head = self.head_weights[: target.shape[1]].unsqueeze(0)
+        per_head = self.head_weights[:width].unsqueeze(0)
         weight = torch.from_numpy(weights).unsqueeze(1) * known * per_head
-        return functional.binary_cross_entropy_with_logits(
-            logits, torch.where(known, target, 0.0), weight=weight, reduction="sum"
-        )
+        target = torch.where(known, target, 0.0)
+        total = head_logits.new_zeros(())
+        for loss, columns in _loss_columns(width):
+            total = total + LOSSES[loss](
+                head_logits[:, columns], target[:, columns], weight[:, columns]
+            )
+        return total
 
     @staticmethod
     def _raise_first(outcomes: list[Exception | None]) -> None:

@@ -16,17 +16,28 @@ from app.dashboard.sampling import STAGES, Sampler
 from app.schemas import RecommendRequest
 from app.scoring.onnx_model import index_status
 from app.service import Service
+from feature_store.heads import HEADS
 from feature_store.settings import DashboardSettings
 from feature_store.timeseries import MetricsSeries
 
+HEAD_FIGURES = [
+    {"name": h.name, "about": h.about, "metric": h.metric, "figures": list(h.figures())}
+    for h in HEADS[1:]
+]
+"""The other ranking heads (:data:`feature_store.heads.HEADS`), each with its metric and
+the keys of its figures in a trainer metrics point, main figure and baseline first: the
+page shows and charts each head from this list."""
 TRAINING_FIELDS = (
     "auc", "logloss", "baseline_auc", "baseline_logloss", "positive_rate", "events_per_s",
     "samples_per_s", "batch_ms_mean", "batch_ms_p95", "unique_keys", "lag", "events_total",
-    # the other ranking heads (trainer/metrics.py): explicit negatives and watch quantile
-    "negative_auc", "negative_baseline_auc", "watch_spearman", "watch_baseline_spearman",
-    "watch_mae", "watch_baseline_mae",
+    *(key for head in HEAD_FIGURES for key in head["figures"]),
 )
 """Fields of a trainer metrics point the page charts or shows."""
+VERSION_FIELDS = (
+    "auc", "logloss", "baseline_auc", "baseline_logloss", *(h.figures()[0] for h in HEADS[1:])
+)
+"""The figures of each model version the page lists: the primary head's, and each other
+head's main one."""
 FIRST_LOOK_MS = 30 * 60 * 1000
 """A page's first poll (``since_ms=0``) gets this much chart history, by the server's clock."""
 
@@ -123,6 +134,7 @@ def training(
             "checkpoint_seen_ms": clock.observe(group, seq) if clock is not None else None,
             "last_version": (status or {}).get("last_version"),
             "served_join": (status or {}).get("served"),
+            "heads": HEAD_FIGURES,
             "points": [
                 {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}} for p in points
             ],
@@ -182,9 +194,7 @@ def models(service: Service) -> dict[str, Any]:
                 "positions": position.get("positions"),
                 "group_id": position.get("group_id"),
                 "metrics": {
-                    k: manifest.metrics.get(k)
-                    for k in ("auc", "logloss", "baseline_auc", "baseline_logloss",
-                              "negative_auc", "watch_spearman")
+                    k: manifest.metrics.get(k) for k in VERSION_FIELDS
                 },
                 "active": version == active,
                 "served": model is not None and model.version == version,

@@ -122,6 +122,11 @@ class MatrixFactorization:
         self.items = np.asarray(items, dtype=np.int64)
         self.at = np.asarray(at, dtype=np.int64)
         """Sample index of each pair's first positive, increasing."""
+        order = np.argsort(self.users, kind="stable")
+        starts = np.searchsorted(self.users[order], np.arange(len(self.user_code) + 1))
+        self._pairs_of = [order[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)]
+        """Each user code's pairs (indices, ``at`` increasing): a question reads its
+        user's pairs, not all of them."""
         self.fits = 0
         self._fitted_at = -1
         """Sample index the current fit was made at (-1: none yet)."""
@@ -161,7 +166,8 @@ class MatrixFactorization:
         code = self.user_code.get(user)
         if code is None:
             return None
-        mine = np.flatnonzero((self.users == code) & (self.at < before))
+        pairs = self._pairs_of[code]
+        mine = pairs[: int(np.searchsorted(self.at[pairs], before))]
         columns = self._column[self.items[mine]]
         columns = np.unique(columns[columns >= 0])
         if not len(columns):

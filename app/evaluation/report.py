@@ -11,6 +11,7 @@ from app.evaluation.feed import IMPRESSION_LEAD_MS
 from app.evaluation.results import RANKER_ROW, EvalResult, ModelFigures
 from app.evaluation.runner import EvalConfig
 from app.evaluation.stream import stars_watched
+from feature_store.heads import HEADS, HeadSpec
 
 _HEADER = (
     "model",
@@ -147,17 +148,27 @@ def _heads(result: EvalResult) -> list[str]:
     if not h:
         return []
     return [
-        "Other heads, prequential over the replay (each head's last 200,000 samples at most; "
-        f"{int(h.get('watch_samples', 0)):,} with a watch label), beside each video's smoothed "
-        "mean label so far (popularity): negative (skip, dislike) AUC "
-        f"{_fmt(h.get('negative_auc', math.nan))} "
-        f"(popularity {_fmt(h.get('negative_baseline_auc', math.nan))}, negative rate "
-        f"{_fmt(h.get('negative_rate', math.nan))}); watch quantile rank correlation "
-        f"{_fmt(h.get('watch_spearman', math.nan))} (popularity "
-        f"{_fmt(h.get('watch_baseline_spearman', math.nan))}), MAE "
-        f"{_fmt(h.get('watch_mae', math.nan))} (popularity "
-        f"{_fmt(h.get('watch_baseline_mae', math.nan))})."
+        "Other heads, prequential over the replay (each head's last 200,000 samples at most), "
+        "beside each video's smoothed mean label so far (popularity): "
+        + "; ".join(_head_figures(spec, h) for spec in HEADS[1:]) + "."
     ]
+
+
+def _head_figures(spec: HeadSpec, figures: dict[str, float]) -> str:
+    """One head's figures, as its metric (:attr:`~feature_store.heads.HeadSpec.metric`) has
+    them."""
+
+    def f(figure: str) -> str:
+        return _fmt(figures.get(f"{spec.name}_{figure}", math.nan))
+
+    samples = figures.get(f"{spec.name}_samples", math.nan)
+    count = f"{int(samples):,} samples" if samples == samples else "no samples"
+    if spec.metric == "auc":
+        return (f"{spec.about} AUC {f('auc')} (popularity {f('baseline_auc')}, rate "
+                f"{f('rate')}, {count})")
+    return (f"{spec.about} rank correlation {f('spearman')} (popularity "
+            f"{f('baseline_spearman')}), MAE {f('mae')} (popularity {f('baseline_mae')}, "
+            f"{count})")
 
 
 def summary(result: EvalResult) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -117,7 +118,11 @@ class Timing:
     started: float
     """``time.perf_counter()`` when the evaluation began."""
     online_seconds: float
-    offline_seconds: float
+
+
+OfflineWait = Callable[[], tuple[OfflineResult, float]]
+"""Returns the offline model and its seconds of training, waiting for it if it trains in
+another process (called once, after the baselines)."""
 
 
 @dataclass
@@ -254,7 +259,7 @@ def assemble(
     stream: Stream,
     weighted: ScoredSamples,
     split: Split,
-    offline: OfflineResult,
+    offline_wait: OfflineWait,
     queries: list[Query],
     fallbacks: dict[str, int],
     timing: Timing,
@@ -266,7 +271,9 @@ def assemble(
     test_idx = np.array([index[e] for e in split.test], dtype=np.int64)
     # The trainer's join window: samples of one (user, video) within it are one moment.
     rows = _Rows.of(weighted, test_idx, cfg.windows, settings.trainer.join_window_ms)
-    models, skipped = _model_rows(cfg, rows, weighted, offline, queries)
+    models, skipped = _model_rows(cfg, rows, weighted, queries)
+    offline, offline_seconds = offline_wait()
+    models.insert(len(models) - (1 if queries else 0), _offline_row(cfg, rows, weighted, offline))
     fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
     test_user_rows = [weighted.user_ids[i] for i in test_idx.tolist()]
     new_users, new_rows = _new_test_users(fit_users, test_user_rows)
@@ -303,7 +310,7 @@ def assemble(
         positive_watch_ratio=settings.features.positive_watch_ratio,
         seconds=time.perf_counter() - timing.started,
         online_seconds=timing.online_seconds,
-        offline_seconds=timing.offline_seconds,
+        offline_seconds=offline_seconds,
         events_per_s=len(stream.events) / max(timing.online_seconds, 1e-9),
         heads=dict(heads or {}),
         full_ranking=cfg.full_ranking,
@@ -315,10 +322,10 @@ def _model_rows(
     cfg: EvalConfig,
     rows: _Rows,
     weighted: ScoredSamples,
-    offline: OfflineResult,
     queries: list[Query],
 ) -> tuple[list[ModelFigures], list[str]]:
-    """Every model's figures, in the report's order, and the rows skipped (and why)."""
+    """Every model's figures but the offline one's, in the report's order, and the rows
+    skipped (and why)."""
     k = cfg.cutoff
     models = [rows.figures("online Wide&Deep", weighted.scores, [q.rank for q in queries], k)]
     nothing = np.full(len(weighted.event_ids), np.nan)
@@ -341,13 +348,19 @@ def _model_rows(
     elif queries:
         log.warning("%s", factorization.MISSING)
         skipped.append(factorization.MISSING)
-    off = rows.figures(f"offline Wide&Deep (epoch {offline.best_epoch})",
-                       _offline_scores(weighted, offline), None, k)
-    off.auc_all = off.logloss_all = off.auc_fit = math.nan  # scored on the last 20% only
-    models.append(off)
     if queries:  # what the model's ranking adds over its own candidates' source order
         models.append(rows.figures(POOL_ROW, nothing, [q.pool_rank for q in queries], k))
     return models, skipped
+
+
+def _offline_row(
+    cfg: EvalConfig, rows: _Rows, weighted: ScoredSamples, offline: OfflineResult
+) -> ModelFigures:
+    """The offline model's figures: on the last 20% only (it trained on the rest)."""
+    off = rows.figures(f"offline Wide&Deep (epoch {offline.best_epoch})",
+                       _offline_scores(weighted, offline), None, cfg.cutoff)
+    off.auc_all = off.logloss_all = off.auc_fit = math.nan
+    return off
 
 
 def _new_test_users(fit_users: set[str], test_user_rows: list[str]) -> tuple[float, float]:

@@ -8,6 +8,8 @@ and stores):
    records them into the candidate signals and the online trainer
    (``trainer.offline.OnlineReplay``, handed in by ``app.wiring``) trains on
    them batch by batch, each batch scored *before* its step (prequential);
+   both are exact to each question's moment (a question cuts the trainer's
+   batch short there);
 2. at each query, before any event at or after its moment is produced, the
    newest network is exported (when ``export_every`` events were trained
    since the last export), hot-swapped into the service, and the service's
@@ -45,17 +47,28 @@ Then, on the very samples the trainer labelled (weight > 0):
 
 Every model's AUC "on the last 20%" is over exactly the same rows, per
 sample and per moment (:func:`~app.evaluation.metrics.moments`).
+
+Cost (``docs/evaluation.md``): exports are scheduled by
+event count (``export_every`` events trained, checked at each question), never
+by wall time; nothing of the temporary deployment is persisted (event log,
+signal snapshots, served log); from :data:`PARALLEL_FROM_EVENTS` events the
+offline model trains in a second process while this one computes the
+baselines.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 import math
+import multiprocessing
 import tempfile
 import time
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, runtime_checkable
@@ -190,6 +203,9 @@ class EvalConfig:
     seed: int = 0
     limit: int | None = None
     """At most this many events (quick runs)."""
+    parallel: bool | None = None
+    """Train the offline model in a second process while the baselines are computed
+    (None: when the replay has :data:`PARALLEL_FROM_EVENTS` events or more)."""
     progress: bool = True
     settings: dict[str, Any] = field(default_factory=dict)
     """Extra settings sections merged over the evaluation's (e.g. ``{"sparse": {...}}``)."""
@@ -249,8 +265,11 @@ def eval_settings(
         features.update(labels["features"])
     sections: dict[str, Any] = {
         "data_dir": data_dir,
+        # Nothing is persisted: the replay dies with its temp directory.
         "event_log": {"backend": "memory", "memory_partitions": 1,
-                      "memory_retention_records": 100_000_000},
+                      "memory_retention_records": 100_000_000, "memory_persist": False},
+        # Events carry no recommendation ids: no served row would ever be joined.
+        "served_log": {"enabled": False},
         "trainer": trainer,
         "features": features,
         # The service's ONNX session on CPU: the figures are quality, not speed.
@@ -334,7 +353,7 @@ class _Online:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
             replay = self.replay_factory(resources)
-            feed = SignalFeed(resources, service.signals, service.feedback)
+            feed = SignalFeed(resources, service.signals, service.feedback, snapshots=False)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
                 for query in queries:
@@ -477,28 +496,35 @@ def whole_catalog(
     ]
 
 
+def prepare(cfg: EvalConfig, root: Path, announce: bool = True
+            ) -> tuple[Stream, Settings, list[Query]]:
+    """The dataset read, the online run's settings (data under ``root``) and the protocol
+    applied (:func:`plan`); ``announce``: log what was skipped or shifted."""
+    probe = Settings(data_dir=root / "probe")
+    stream = load_stream(cfg.dataset, cfg.fmt, probe.limits, cfg.limit, cfg.catalog,
+                         cfg.implicit)
+    if not stream.events:
+        raise ConfigurationError(f"{cfg.dataset}: no events")
+    if stream.rejected.count and announce:
+        log.warning("%s: %s", cfg.dataset, stream.rejected.describe())
+    if stream.shift_ms and announce:
+        log.log(logging.INFO if stream.kind == "movielens" else logging.WARNING,
+                "%s: every timestamp shifted by %+.1f days (the first was before "
+                "limits.min_ts_ms)", cfg.dataset, stream.shift_ms / _DAY_MS)
+    catalog_size = len(stream.videos) or len({e.video_id for e in stream.events})
+    settings = eval_settings(
+        cfg, root / "online", stream.kind, cfg.backend, bool(stream.users), catalog_size
+    )
+    return stream, settings, plan(cfg, stream, settings)
+
+
 def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
     """Run the whole evaluation (see the module doc) with ``trainers``; nothing is written
     but temp files."""
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vidrec-eval-") as tmp:
         root = Path(tmp)
-        probe = Settings(data_dir=root / "probe")
-        stream = load_stream(cfg.dataset, cfg.fmt, probe.limits, cfg.limit, cfg.catalog,
-                             cfg.implicit)
-        if not stream.events:
-            raise ConfigurationError(f"{cfg.dataset}: no events")
-        if stream.rejected.count:
-            log.warning("%s: %s", cfg.dataset, stream.rejected.describe())
-        if stream.shift_ms:
-            log.log(logging.INFO if stream.kind == "movielens" else logging.WARNING,
-                    "%s: every timestamp shifted by %+.1f days (the first was before "
-                    "limits.min_ts_ms)", cfg.dataset, stream.shift_ms / _DAY_MS)
-        catalog_size = len(stream.videos) or len({e.video_id for e in stream.events})
-        settings = eval_settings(
-            cfg, root / "online", stream.kind, cfg.backend, bool(stream.users), catalog_size
-        )
-        queries = plan(cfg, stream, settings)
+        stream, settings, queries = prepare(cfg, root)
         with open_resources(settings) as resources:
             if cfg.backend == "redis" and resources.redis_client is not None:
                 _check_scratch(resources)
@@ -512,12 +538,63 @@ def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
                 resources.redis_client.flushdb()
         weighted = samples.take(np.flatnonzero(samples.weights > 0).tolist())
         split = split_samples(weighted)
-        t0 = time.perf_counter()
-        offline = _offline(cfg, stream, split, root, trainers.offline)
-        offline_seconds = time.perf_counter() - t0
-    timing = Timing(started, online_seconds, offline_seconds)
-    return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks, timing,
-                    settings, online.heads)
+        with _offline_beside(cfg, stream, split, root, trainers.offline) as offline:
+            # The baselines are computed here meanwhile; ``offline`` waits for the model.
+            return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks,
+                            Timing(started, online_seconds), settings, online.heads)
+
+
+PARALLEL_FROM_EVENTS = 100_000
+"""From this many events replayed, the offline model trains in a second process while this
+one computes the baselines (two cores busy); below, one after the other (a second
+interpreter costs more than it saves)."""
+
+
+@contextmanager
+def _offline_beside(
+    cfg: EvalConfig, stream: Stream, split: Split, root: Path, train: OfflineTrainer
+) -> Iterator[Callable[[], tuple[OfflineResult, float]]]:
+    """The offline model as a call that returns it and its seconds of training: trained in
+    a spawned process (which reads and plans the dataset again, the same events, checked)
+    when the replay was long enough (``cfg.parallel``), else here when called."""
+    parallel = cfg.parallel if cfg.parallel is not None else (
+        len(stream.events) >= PARALLEL_FROM_EVENTS)
+    if not parallel:
+        yield lambda: _timed_offline(cfg, stream, split, root, train)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        job = pool.submit(_offline_job, cfg, train, split, _digest(stream.events))
+        yield job.result
+
+
+def _digest(events: Sequence[Event]) -> str:
+    """A fingerprint of the events replayed (ids and times, in order)."""
+    h = hashlib.blake2b(digest_size=16)
+    for e in events:
+        h.update(f"{e.event_id}\x00{e.ts}\x00".encode())
+    return h.hexdigest()
+
+
+def _offline_job(
+    cfg: EvalConfig, train: OfflineTrainer, split: Split, digest: str
+) -> tuple[OfflineResult, float]:
+    """The second process's work: the same events (checked against ``digest``), then the
+    offline model on ``split``."""
+    with tempfile.TemporaryDirectory(prefix="vidrec-eval-offline-") as tmp:
+        root = Path(tmp)
+        stream, _, _ = prepare(replace(cfg, progress=False), root, announce=False)
+        if _digest(stream.events) != digest:
+            raise ConfigurationError("eval: the offline process read other events than the "
+                                     "replay (the dataset changed during the run?)")
+        return _timed_offline(cfg, stream, split, root, train)
+
+
+def _timed_offline(
+    cfg: EvalConfig, stream: Stream, split: Split, root: Path, train: OfflineTrainer
+) -> tuple[OfflineResult, float]:
+    t0 = time.perf_counter()
+    return _offline(cfg, stream, split, root, train), time.perf_counter() - t0
 
 
 def _check_scratch(resources: Resources) -> None:

@@ -50,6 +50,7 @@ from feature_store import model_io
 from feature_store.errors import ConfigurationError, NotFound, VidrecError
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
+from feature_store.heads import PRIMARY
 from feature_store.registry import Manifest, ModelRegistry
 from feature_store.settings import AnnSettings, ApiSettings
 from feature_store.worker import periodic
@@ -80,7 +81,7 @@ class LoadedModel:
     load_seconds: float
     warmup_seconds: float
     input_names: list[str] = field(default_factory=list)
-    heads: tuple[str, ...] = ("engagement",)
+    heads: tuple[str, ...] = (model_io.SCORE_HEAD,)
     """The ranking heads this version outputs (HEADS order); engagement alone for a
     version exported before heads."""
     pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None
@@ -294,11 +295,11 @@ def index_status(model: LoadedModel | None) -> dict[str, Any] | None:
 
 def _trained_heads(manifest: Manifest, heads: tuple[str, ...], least: int) -> tuple[str, ...]:
     """``heads`` less those the manifest says trained on fewer than ``least`` samples
-    (engagement always stays: it is the score a model without heads served)."""
+    (the primary head always stays: it is the score a model without heads served)."""
     counts = manifest.extra.get("head_samples")
     if not isinstance(counts, dict):
         return heads
-    kept = tuple(h for h in heads if h == "engagement" or int(counts.get(h, 0)) >= least)
+    kept = tuple(h for h in heads if h == PRIMARY.name or int(counts.get(h, 0)) >= least)
     if kept != heads:
         log.info("version %s: heads %s trained on fewer than %d samples, left out of the "
                  "fusion", manifest.version, sorted(set(heads) - set(kept)), least)

@@ -110,7 +110,9 @@ def serve_in_thread(app: Any) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: server.started or not thread.is_alive(), timeout_s=60)
+        # Generous: `vidrec up --demo` seeds its world and warms a model before it listens,
+        # which took over 60 s at load 12 on 2 cores.
+        wait_for(lambda: server.started or not thread.is_alive(), timeout_s=240)
         if not server.started:
             raise RuntimeError("the app failed to start (see the log)")
         yield f"http://127.0.0.1:{port}"

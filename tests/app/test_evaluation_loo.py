@@ -177,6 +177,21 @@ def test_without_implicit_the_baseline_is_skipped_with_a_message(
     assert np.isfinite(got.model(RANKER_ROW).recall)  # the rest is still there
 
 
+def test_the_offline_model_in_a_second_process_gives_the_same_figures(
+    tmp_path: Path, loo: EvalResult, positive_log: tuple[Path, Path]
+) -> None:
+    """``parallel``: the second process reads and plans the dataset again; the replay, the
+    split and the offline model's seeded training are the same, so is every figure."""
+    events, catalog = positive_log
+    got = evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1,
+                           parallel=True), eval_trainers())
+    assert [m.name for m in got.models] == [m.name for m in loo.models]
+    for mine, theirs in zip(got.models, loo.models, strict=True):
+        assert mine.auc_test == pytest.approx(theirs.auc_test, nan_ok=True)
+        assert mine.recall == pytest.approx(theirs.recall, nan_ok=True)
+    assert got.offline_epochs[0]["valid_auc"] == loo.offline_epochs[0]["valid_auc"]
+
+
 # --- leave-one-out against the whole catalog ----------------------------------------
 
 

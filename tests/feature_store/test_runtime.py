@@ -13,6 +13,7 @@ import feature_store.eventlog
 from feature_store.errors import ConfigurationError
 from feature_store.runtime import open_resources
 from feature_store.settings import Settings
+from tests.factories import make_event
 
 
 def test_a_failure_half_way_closes_what_was_already_opened(
@@ -61,3 +62,24 @@ def test_a_restart_reads_the_series_the_last_run_wrote(tmp_path: Path) -> None:
         resources.trainer_series.append({"ts_ms": 1, "auc": 0.5})
     with open_resources(Settings(data_dir=tmp_path)) as resources:
         assert resources.trainer_series.latest() == {"ts_ms": 1, "auc": 0.5}
+
+
+@pytest.mark.parametrize("persist", [True, False])
+def test_the_in_process_log_is_kept_on_disk_unless_told_not_to(
+    tmp_path: Path, persist: bool
+) -> None:
+    """``event_log.memory_persist`` off (``vidrec eval``'s throwaway replay): a restart finds
+    neither the records nor the committed offsets."""
+    settings = Settings(data_dir=tmp_path, event_log={"memory_persist": persist})
+    with open_resources(settings) as resources:
+        resources.event_log.produce([make_event()])
+        consumer = resources.event_log.consumer("g")
+        assert len(consumer.poll(10, 1.0)) == 1
+        consumer.commit()
+        consumer.close()
+    with open_resources(settings) as resources:
+        fresh = resources.event_log.consumer("h")
+        assert len(fresh.poll(10, 0.2)) == (1 if persist else 0)
+        fresh.close()
+    events_dir = tmp_path / "eventlog" / settings.event_log.topic_namespace
+    assert events_dir.exists() == persist  # the served log keeps its own (not asked here)

@@ -68,11 +68,11 @@ def test_one_event_gives_a_label_per_head_with_a_mask(
     assert (sample.label if engagement is not None else None) == engagement or (
         engagement is None and math.isnan(sample.label)
     )
-    assert sample.negative == negative
+    assert sample.head("negative") == negative
     if watch is None:
-        assert math.isnan(sample.watch)
+        assert math.isnan(sample.head("watch"))
     else:  # a fresh estimate: the uniform prior ranks a ratio about where it is
-        assert abs(sample.watch - watch_ms / DURATION_MS) <= 1.0 / BINS
+        assert abs(sample.head("watch") - watch_ms / DURATION_MS) <= 1.0 / BINS
 
 
 def test_timed_out_impression_is_engagement_and_negative_zero_without_watch() -> None:
@@ -81,8 +81,8 @@ def test_timed_out_impression_is_engagement_and_negative_zero_without_watch() ->
     later = make_event(type="impression", ts=BASE_TS + 10_000, user_id="other")
     samples = _observe(joiner, [shown, later])
     (negative,) = [s for s in samples if s.event.event_id == shown.event_id]
-    assert (negative.label, negative.negative) == (0.0, 0.0)
-    assert math.isnan(negative.watch)
+    assert (negative.label, negative.head("negative")) == (0.0, 0.0)
+    assert math.isnan(negative.head("watch"))
 
 
 def test_watch_target_ranks_within_the_duration_bucket() -> None:
@@ -304,9 +304,10 @@ def test_a_rare_head_starts_at_its_prior_rate() -> None:
     import torch
 
     from feature_store.features.schema import default_schema
-    from feature_store.model_io import HEADS
-    from trainer.model import PRIOR_RATES, WideDeep
+    from feature_store.heads import HEAD_BY_NAME, HEAD_NAMES
+    from trainer.model import WideDeep
 
     model = WideDeep(default_schema(), hidden=(32, 16))
-    bias = model.mlp[-1].bias[HEADS.index("negative")]
-    assert torch.sigmoid(bias).item() == pytest.approx(PRIOR_RATES["negative"], rel=1e-5)
+    bias = model.mlp[-1].bias[HEAD_NAMES.index("negative")]
+    rate = HEAD_BY_NAME["negative"].prior_rate
+    assert torch.sigmoid(bias).item() == pytest.approx(rate, rel=1e-5)

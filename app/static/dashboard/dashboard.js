@@ -8,6 +8,7 @@
   let refreshMs = 2000, timer = null, role = null, busy = false, rollbackTarget = null;
   const hist = { training: [], serving: [], retrain: {} };
   let since = { training: 0, serving: 0 };
+  let heads = [];  // the other ranking heads (the training view's "heads")
 
   const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
   const num = (v, digits = 3) => (v === null || v === undefined || !isFinite(v)) ? "–" : Number(v).toFixed(digits);
@@ -84,16 +85,27 @@
       ["last checkpoint", t.checkpoint_seq ? "#" + t.checkpoint_seq + (t.checkpoint_seen_ms ? ` · ${Math.round((Date.now() - t.checkpoint_seen_ms) / 1000)} s ago` : "") : "–"], ["events trained", int(l.events_total)],
       ["AUC", num(l.auc)], ["popularity AUC", num(l.baseline_auc)],
       ["log loss", num(l.logloss)], ["popularity log loss", num(l.baseline_logloss)],
-      ["negative head AUC (skip, dislike)", `${num(l.negative_auc)} / pop. ${num(l.negative_baseline_auc)}`, "kpi-negative-auc"],
-      ["watch head rank corr. (MAE)", `${num(l.watch_spearman)} (${num(l.watch_mae)}) / pop. ${num(l.watch_baseline_spearman)}`, "kpi-watch-spearman"],
+      ...headKpis(l),
       ["last export", t.last_version || "–"],
       ["served-log join", joinText(t.served_join), "kpi-served-join"],
     ]);
+    heads = t.heads || heads;
     for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
     trim(hist.training);
     const lag = t.lag_per_partition || {};
     table($("lag-table"), ["partition", "lag"], Object.entries(lag).map(([p, v]) => `<tr><td>${esc(p)}</td><td>${int(v)}</td></tr>`));
     drawTraining();
+  }
+
+  // The other ranking heads as the server lists them (feature_store/heads.py): each one's
+  // figures in a metrics point, main figure and popularity baseline first.
+  const METRIC_TEXT = { auc: "AUC", rank: "rank corr. (MAE)" };
+  function headKpis(l) {
+    return heads.map((h) => {
+      const [main, base, mae] = h.figures;
+      const extra = h.metric === "rank" ? ` (${num(l[mae])})` : "";
+      return [`${h.about} ${METRIC_TEXT[h.metric] || h.metric}`, `${num(l[main])}${extra} / pop. ${num(l[base])}`, "kpi-" + main.replace(/_/g, "-")];
+    });
   }
 
   // Events naming a recommendation, by what the trainer's join made of them (trainer/served.py).
@@ -118,12 +130,13 @@
     });
     Charts.draw($("chart-auc"), auc);
     Charts.draw($("chart-logloss"), loss);
-    Charts.draw($("chart-heads"), [
-      { label: "negative AUC", points: series(h, "negative_auc") },
-      { label: "negative, popularity", points: series(h, "negative_baseline_auc"), dash: true },
-      { label: "watch rank corr.", points: series(h, "watch_spearman"), color: "#d97706" },
-      { label: "watch, popularity", points: series(h, "watch_baseline_spearman"), color: "#d97706", dash: true },
-    ]);
+    Charts.draw($("chart-heads"), heads.flatMap((head, i) => {
+      const color = Charts.COLORS[(3 * i) % Charts.COLORS.length], [main, base] = head.figures;
+      return [
+        { label: `${head.name} ${head.metric === "rank" ? "rank corr." : "AUC"}`, points: series(h, main), color },
+        { label: head.name + ", popularity", points: series(h, base), color, dash: true },
+      ];
+    }));
     Charts.draw($("chart-throughput"), [{ label: "events/s", points: series(h, "events_per_s") }, { label: "lag", points: series(h, "lag"), color: "#d97706" }], { min: 0 });
   }
 

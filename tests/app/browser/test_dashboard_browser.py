@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from feature_store.heads import HEADS
+
 pytestmark = pytest.mark.slow
 
 ADMIN_KEY = "vidrec-dev-key"
@@ -70,6 +72,10 @@ def test_charts_fill_under_traffic(page: Any, live_url: str) -> None:
         )
     assert page.text_content("#kpi-trainer-state") == "running"
     assert page.text_content("#kpi-served-join") not in (None, "", "–")
+    # One figure per other ranking head, as the server lists them (feature_store/heads.py).
+    for head in HEADS[1:]:
+        kpi = page.locator("#kpi-" + head.figures()[0].replace("_", "-"))
+        assert kpi.count() == 1, head.name
     assert page.locator("#tables-table tbody tr").count() >= 2
     assert page.locator("#lag-table tbody tr").count() == 4
 
