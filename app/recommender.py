@@ -39,6 +39,7 @@ import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -314,7 +315,7 @@ class Recommender:
         terms = bonus_terms(
             len(found.ids),
             affinity,
-            np.fromiter((covisits.get(v, 0.0) for v in found.ids), np.float64, len(found.ids))
+            np.fromiter(map(covisits.get, found.ids, repeat(0.0)), np.float64, len(found.ids))
             if covisits else None,
             self.settings.retrieval_weight,
             self.settings.covisit_weight,

@@ -482,8 +482,10 @@ def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[
     steadier than wall time on a shared machine.
     """
     from app.api.recommend import parse_request
-    from app.candidates.retrieval import CandidateFilter
+    from app.candidates.retrieval import CandidateFilter, Pool
     from app.candidates.sources import REQUEST
+    from app.recommender import Found
+    from app.scoring.ranking import top_k
 
     rec, scorer, model = service.recommender, service.scorer, service.model
     bodies = [json.dumps(b).encode() for b in requests]
@@ -509,8 +511,8 @@ def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[
         t6 = clock()
         scores = scorer.run(model, batch, pulled, wide)
         t7 = clock()
-        sources = [REQUEST] * len(ids)
-        rec._respond(ids, sources, scores, count, model.version, None)[0].model_dump_json()
+        found = Found(ids, [REQUEST] * len(ids), rows, Pool(ids, [REQUEST] * len(ids)))
+        rec._respond(found, scores, top_k(scores, count), model.version, None).model_dump_json()
         t8 = clock()
         for stage, seconds in (
             ("parse", t1 - t0),

@@ -27,6 +27,8 @@ REPEATED_KEY = "key given twice (JSON parsers disagree on which value counts); s
 """The message of a repeated key, on HTTP and in a dead letter."""
 
 _JITER_DUPLICATE = re.compile(r'duplicate key "((?:[^"\\]|\\.)*)"')
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+"""Types of parsed JSON values that hold no keys."""
 
 
 def repeated_keys(raw: bytes, distinct_keys: int | None = None) -> list[str]:
@@ -58,6 +60,8 @@ def keys_in(value: Any) -> int:
         fields = value.model_fields_set
         return len(fields) + sum(keys_in(getattr(value, name)) for name in fields)
     if isinstance(value, (list, tuple)):
+        if set(map(type, value)) <= _SCALARS:  # a list of ids: no call per item
+            return 0
         return sum(keys_in(item) for item in value)
     if isinstance(value, dict):
         return len(value) + sum(keys_in(item) for item in value.values())

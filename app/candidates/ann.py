@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal
 
@@ -322,7 +323,7 @@ class VideoIndex:
         """``(len(ids), dim)`` float32 vectors of ``ids`` (zeros where unknown or removed)
         and the bool mask of the ids that have one (affinity of given candidates)."""
         state = self._state
-        rows = np.fromiter((self._pos.get(v, -1) for v in ids), np.int64, len(ids))
+        rows = np.fromiter(map(self._pos.get, ids, repeat(-1)), np.int64, len(ids))
         known = rows >= 0
         rows = np.maximum(rows, 0)
         if len(self.ids):

@@ -43,6 +43,9 @@ from feature_store.features.sources import SOURCES
 
 Packed = npt.NDArray[np.uint64]
 
+_PAD = np.zeros(1, dtype=np.uint64)
+"""The key a multi-valued column's padding index reads (keys are never 0)."""
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -298,7 +301,7 @@ def pack_rows(packing: Packing, batch: BatchFeatures, rows: Indices) -> Packed:
         for slots, length, table, name in packing.multi_at:
             keys = padded.get(table)
             if keys is None:
-                keys = padded[table] = np.append(table_keys[table], np.uint64(0))
+                keys = padded[table] = np.concatenate((table_keys[table], _PAD))
             column = indices[name]
             # A sequence column has one row per sequence: each row reads its own.
             at = column[rows] if len(column) == batch.batch_size else column[sequence]
