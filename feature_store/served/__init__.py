@@ -14,8 +14,9 @@ What is logged (and why it is small): the packed values of
 into the part every item of a response shares (user and context keys, the
 history: ``request``) and the part per item (video keys, tags, every dense
 value: ``values``), and only for the top ``served_log.max_items`` items (the
-ones a client can show). With the default schema that is 28 slots once plus
-22 slots (176 bytes) per item: about 4.3 KB for a 20-item response. The cost
+ones a client can show). With the default schema that is 112 slots once
+(the history and the recent actions) plus 43 slots (344 bytes) per item:
+about 8.5 KB for a 20-item response (11.5 KB as JSON). The cost
 per request is measured in ``bench/bench_serving.py``.
 
 Wire formats, told apart by a record's first byte:

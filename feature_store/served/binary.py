@@ -25,9 +25,9 @@ sources' names, so the joined lists split back exactly (the encoder refuses
 one that would not). The first byte is the version: a JSON record starts
 with ``{`` (0x7B), so readers tell the formats apart (:func:`feature_store.served.decode_served`).
 
-With the default schema a 20-item response is 16 + 160 + 224 + 3,520 + 80
-bytes of numbers plus about 300 of strings: about 4.3 KB, where the JSON
-was about 5 KB.
+With the default schema (112 request slots, 43 item slots) a 20-item
+response is 16 + 160 + 896 + 6,880 + 80 bytes of numbers plus about 470 of
+strings: 8,503 bytes, where the JSON was 11,536.
 """
 
 from __future__ import annotations
