@@ -77,6 +77,7 @@
     $("training-error").textContent = t.error || "";
     if (t.error) return;
     const state = t.state, l = t.latest || {};
+    heads = t.heads || heads;  // before the KPIs: they show one figure per head
     const badge = $("trainer-state"); badge.textContent = "trainer: " + state; badge.dataset.state = state;
     kpis($("training-kpis"), [
       ["state", state, "kpi-trainer-state"], ["events/s", num(l.events_per_s, 1)], ["consumer lag", int(l.lag)],
@@ -89,7 +90,6 @@
       ["last export", t.last_version || "–"],
       ["served-log join", joinText(t.served_join), "kpi-served-join"],
     ]);
-    heads = t.heads || heads;
     for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
     trim(hist.training);
     const lag = t.lag_per_partition || {};
