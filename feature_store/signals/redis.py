@@ -191,22 +191,21 @@ class RedisSignals:
         return sorted(sums.items(), key=lambda item: item[1], reverse=True)[:limit]
 
     def creator_videos(self, creator_ids: Sequence[str], limit: int) -> list[str]:
-        if not creator_ids:
-            return []
-        with signal_errors("creator_videos"):
-            pipe = self.client.pipeline(transaction=False)
-            for creator in creator_ids:
-                pipe.zrevrange(CREATOR_VIDEOS + creator, 0, limit - 1)
-            replies = pipe.execute()
-        return interleave([[_text(v) for v in rows] for rows in replies], limit)
+        return self._interleaved_tops("creator_videos", CREATOR_VIDEOS, creator_ids, limit)
 
     def category_videos(self, categories: Sequence[str], limit: int) -> list[str]:
-        if not categories:
+        return self._interleaved_tops("category_videos", CATEGORY_TRENDING, categories, limit)
+
+    def _interleaved_tops(
+        self, what: str, prefix: str, names: Sequence[str], limit: int
+    ) -> list[str]:
+        """The top ``limit`` of each sorted set ``prefix + name``, interleaved, in one trip."""
+        if not names:
             return []
-        with signal_errors("category_videos"):
+        with signal_errors(what):
             pipe = self.client.pipeline(transaction=False)
-            for category in categories:
-                pipe.zrevrange(CATEGORY_TRENDING + category, 0, limit - 1)
+            for name in names:
+                pipe.zrevrange(prefix + name, 0, limit - 1)
             replies = pipe.execute()
         return interleave([[_text(v) for v in rows] for rows in replies], limit)
 
