@@ -23,6 +23,9 @@
    without logging each response's features (``served_log_cost``). The same
    for tracing: a server exporting every request's spans over OTLP/HTTP to a
    local sink, alternately with the first (tracing off: ``tracing_cost``).
+   With ``--workers N`` (Redis backends): ``vidrec serve --workers 1`` and
+   ``--workers N`` on a local Kafka-protocol broker, each under two clients per
+   worker: requests/s and the servers' CPU per request (``workers``).
    With ``--baseline-tree DIR``, a server run from another checkout (the
    code before a change) alternately with this one (``baseline``).
 4. Measures the floor in this process on the same data: the same sparse pulls
@@ -183,7 +186,7 @@ class Server:
     """``vidrec serve`` in a subprocess."""
 
     def __init__(
-        self, data_dir: Path, port: int, env: dict[str, str], cwd: Path = ROOT
+        self, data_dir: Path, port: int, env: dict[str, str], cwd: Path = ROOT, workers: int = 1
     ) -> None:
         self.port = port
         self.process = subprocess.Popen(
@@ -200,6 +203,7 @@ class Server:
                 "127.0.0.1",
                 "--port",
                 str(port),
+                *(["--workers", str(workers)] if workers > 1 else []),
             ],
             cwd=cwd,  # `-m app.cli` imports the app of this directory
             env={**os.environ, **env},
@@ -219,9 +223,20 @@ class Server:
         raise TimeoutError("server not ready")
 
     def cpu_seconds(self) -> float:
-        """User plus system CPU time the server process has used so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User plus system CPU time the server process and its live workers have used so
+        far."""
+        total, pending = 0, [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except FileNotFoundError:  # ended meanwhile
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            pending += [int(child) for child in children]
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -424,6 +439,39 @@ def baseline_cost(
     return _difference(out, "this_tree", "baseline_tree")
 
 
+def workers_scaling(
+    data_dir: Path, env: dict[str, str], bodies: list[bytes], total: int, workers: int
+) -> dict[str, Any]:
+    """Requests/s of ``vidrec serve --workers 1`` and ``--workers N`` on the same data (the
+    Redis backends and a local Kafka-protocol broker, as several workers need), each under
+    two closed-loop clients per worker; with the servers' CPU (the supervisor and its
+    workers) per request, whose inverse is the requests one core serves."""
+    from tests.services import TansuBroker, free_port
+
+    out: dict[str, Any] = {}
+    with TansuBroker() as broker:
+        kafka = env | {
+            "VIDREC_EVENT_LOG__BACKEND": "kafka",
+            "VIDREC_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+            "VIDREC_EVENT_LOG__TOPIC_NAMESPACE": f"bench{os.getpid()}",
+        }
+        for count in (1, workers):
+            server = Server(data_dir, free_port(), kafka, workers=count)
+            try:
+                server.wait_ready()
+                run_load(server.port, bodies, 100 * count, 2 * count)  # every worker warm
+                before = server.cpu_seconds()
+                result = run_load(server.port, bodies, total, 2 * count)
+                cpu_ms = (server.cpu_seconds() - before) * 1000 / result["requests"]
+            finally:
+                server.stop()
+            out[f"workers_{count}"] = result | {
+                "server_cpu_ms_per_request": round(cpu_ms, 3),
+                "requests_per_cpu_s": round(1000 / cpu_ms, 1) if cpu_ms else None,
+            }
+    return out
+
+
 def summary(ms: list[float]) -> dict[str, float]:
     arr = np.asarray(ms)
     return {
@@ -539,7 +587,14 @@ def main() -> int:
         help="another checkout (e.g. a worktree of the previous commit): its server is "
         "measured alternately with this one's on the same data (before / after)",
     )
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="with --backend redis: also `vidrec serve --workers 1` against `--workers N` "
+        "on a local Kafka-protocol broker (requests/s, and per CPU second)",
+    )
     args = parser.parse_args()
+    if args.workers > 1 and args.backend != "redis":
+        parser.error("--workers needs --backend redis (workers share state through Redis)")
 
     import tempfile
 
@@ -596,6 +651,10 @@ def main() -> int:
             server, data_dir, env, given, args.requests
         )
         results["tracing_cost"] = tracing_cost(server, data_dir, env, given, args.requests)
+        if args.workers > 1:
+            results["workers"] = workers_scaling(
+                data_dir, env, given, args.requests, args.workers
+            )
         if args.baseline_tree:
             results["baseline"] = baseline_cost(
                 server, Path(args.baseline_tree).resolve(), data_dir, env, given, args.requests
