@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from app.main import Extension, create_app
-from feature_store import tracing
+from feature_store.runtime import tracing
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)

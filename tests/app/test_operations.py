@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.wiring import embedded_extensions
-from feature_store.registry import family_of
+from feature_store.models.registry import family_of
 from tests.app.conftest import serve_in_thread, wait_for
 from tests.app.test_dashboard import dashboard_settings
 
