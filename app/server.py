@@ -39,8 +39,8 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from app.main import Extension, create_app
-from feature_store import tracing
 from feature_store.errors import ConfigurationError
+from feature_store.runtime import tracing
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)

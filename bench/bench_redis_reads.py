@@ -43,7 +43,7 @@ def main() -> int:
 
     from app.schemas import RecommendRequest
     from app.service import open_service
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
     from tests.services import RedisServer
 
     server = RedisServer()
