@@ -40,8 +40,8 @@ from app.evaluation.stream import split_samples
 from app.recommender import Recommender
 from app.scoring.ranking import fuse, ranking_bonus
 from app.wiring import eval_trainers
-from feature_store.quality import roc_auc
-from feature_store.runtime import open_resources
+from feature_store.models.quality import roc_auc
+from feature_store.runtime.resources import open_resources
 
 K = 10
 
