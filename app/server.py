@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from app.main import Extension, create_app
+from app.service import TrainerOpener
 from feature_store import tracing
 from feature_store.settings import Settings
 
@@ -51,9 +52,10 @@ def run_embedded(
     host: str,
     port: int,
     extensions: Sequence[Extension],
+    trainer: TrainerOpener | None = None,
     demo: bool = False,
 ) -> int:
-    """API + ``extensions`` (the composition root's trainer, demo) in one process.
+    """API + ``trainer`` + ``extensions`` (the composition root's, the demo) in one process.
 
     Runs until SIGINT/SIGTERM; ``demo`` only names the mode in the log line.
     """
@@ -65,7 +67,7 @@ def run_embedded(
         ", demo traffic on" if demo else "",
     )
     with tracing.configured(settings.tracing, "embedded"):
-        app = create_app(settings, extensions=list(extensions))
+        app = create_app(settings, trainer=trainer, extensions=list(extensions))
         return _serve(app, host, port, settings.api.switch_interval_ms)
 
 
