@@ -192,12 +192,12 @@ def test_redis_journal_skips_batches_pushed_before_a_crash(redis_url: str, tmp_p
 def test_failed_export_does_not_stop_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer.loop as loop_module
+    import trainer.stages.export as export_module
 
     def broken(*args: object, **kwargs: object) -> str:
         raise OSError("disk full")
 
-    monkeypatch.setattr(loop_module, "publish", broken)
+    monkeypatch.setattr(export_module, "publish", broken)
     settings = trainer_settings(tmp_path, export_every_batches=2)
     world = SyntheticWorld(WORLD)
     events = world.events(6_000)
