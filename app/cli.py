@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from app.evaluation.datasets import replay_dataset
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     settings = _settings(args)
     with open_resources(settings) as resources:
@@ -69,7 +69,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     from feature_store.backfill import backfill
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     with open_resources(_settings(args)) as resources:
         report = backfill(
@@ -83,8 +83,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 def cmd_export_vectors(args: argparse.Namespace) -> int:
     from app.vectors_export import export_vectors
     from feature_store.errors import InvalidInput, NotFound
-    from feature_store.registry import ModelRegistry
-    from feature_store.runtime import open_resources
+    from feature_store.models.registry import ModelRegistry
+    from feature_store.runtime.resources import open_resources
 
     settings = _settings(args)
     registry = ModelRegistry(settings.data_dir / "registry")

@@ -61,11 +61,11 @@ from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
 from feature_store.features.batch import Indices
-from feature_store.log_summary import LogSummary
 from feature_store.recommendation_ids import RecommendationIds
 from feature_store.redis_errors import REDIS_FAILURES
+from feature_store.runtime.log_summary import LogSummary
+from feature_store.runtime.worker import periodic
 from feature_store.settings import ApiSettings
-from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 

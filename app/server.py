@@ -25,7 +25,7 @@ import uvicorn
 
 from app.main import Extension, create_app
 from app.service import TrainerOpener
-from feature_store import tracing
+from feature_store.runtime import tracing
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)

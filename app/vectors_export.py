@@ -49,15 +49,15 @@ from feature_store.events import EventContext, check_id
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import FeatureSchema
-from feature_store.registry import Manifest
-from feature_store.retrieval_io import (
+from feature_store.models.registry import Manifest
+from feature_store.models.retrieval_io import (
     POOLED,
     USER_TOWER_FILE,
     VECTOR,
     VIDEO_IDS_FILE,
     VIDEO_VECTORS_FILE,
 )
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 

@@ -97,9 +97,9 @@ def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_
     from app.schemas import RecommendRequest
     from app.scoring.features import RequestFeatureExtractor
     from feature_store.features.schema import WIDE_TABLE
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
     from feature_store.signals import serving_signals
-    from feature_store.synthetic import SyntheticWorld, WorldConfig
+    from feature_store.sim.world import SyntheticWorld, WorldConfig
     from trainer.export import publish
     from trainer.model import WideDeep
 
@@ -157,7 +157,7 @@ def retrieval_artifacts(
     from app.schemas import RecommendRequest
     from feature_store.features import FeatureExtractor, FeatureRow
     from feature_store.features.schema import FeatureSchema
-    from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
+    from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
     from trainer.retrieval import RetrievalTrainer
     from trainer.retrieval_export import writer
 
@@ -438,7 +438,7 @@ def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dic
     """The same pulls and ONNX run in-process; and the whole recommend without HTTP."""
     from app.schemas import RecommendRequest
     from app.service import open_service
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     with open_resources(settings) as res, open_service(res) as service:
         model = service.model

@@ -60,11 +60,11 @@ from typing import Any, Literal, TypeVar
 import torch
 from prometheus_client import CollectorRegistry
 
-from feature_store import tracing
 from feature_store.errors import BackendUnavailable, Conflict
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
-from feature_store.runtime import Resources
-from feature_store.timeseries import MetricsSeries
+from feature_store.ops.timeseries import MetricsSeries
+from feature_store.runtime import tracing
+from feature_store.runtime.resources import Resources
 from trainer.checkpoint import STATE_FILE, Checkpointer
 from trainer.distributed import open_group_sync
 from trainer.fetch import IDLE, Fetcher

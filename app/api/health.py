@@ -60,7 +60,7 @@ async def readyz(request: Request) -> JSONResponse:
     posts), so a pod stays in rotation: taking every pod out would turn a
     degraded answer into no answer. What is down is in the body
     (``degraded``, ``checks``) and in ``vidrec_dependency_up``. The states
-    are the circuit breakers' (:mod:`feature_store.breaker`): reading them
+    are the circuit breakers' (:mod:`feature_store.runtime.breaker`): reading them
     touches no backend, so this answers at once whatever the dependencies do.
     """
     service: Service | None = getattr(request.app.state, "service", None)

@@ -18,7 +18,7 @@ swaps the model and the tables it reads together. A version that fails to load i
 and remembered (not retried until the pointer moves), and the old one keeps
 serving.
 
-A model's outputs are its ranking heads (:data:`feature_store.model_io.HEADS`);
+A model's outputs are its ranking heads (:data:`feature_store.models.model_io.HEADS`);
 :meth:`LoadedModel.run_heads` runs the ones it has. A version exported
 before heads has the one output ``score`` (the engagement head's name) and
 still loads and serves: its other heads are simply absent, and the fusion
@@ -46,14 +46,14 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from app.scoring.retrieval import RetrievalLoadError, RetrievalModel, load_retrieval
-from feature_store import model_io
 from feature_store.errors import ConfigurationError, NotFound, VidrecError
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
 from feature_store.heads import PRIMARY
-from feature_store.registry import Manifest, ModelRegistry
+from feature_store.models import model_io
+from feature_store.models.registry import Manifest, ModelRegistry
+from feature_store.runtime.worker import periodic
 from feature_store.settings import AnnSettings, ApiSettings
-from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class LoadedModel:
         return batch
 
     def run(self, feed: dict[str, npt.NDArray[Any]]) -> npt.NDArray[np.float32]:
-        """Engagement scores for a feed built by :func:`feature_store.model_io.build_feed`."""
+        """Engagement scores of a feed (:func:`~feature_store.models.model_io.build_feed`)."""
         (scores,) = self.session.run([model_io.SCORE], feed)
         return np.asarray(scores, dtype=np.float32)
 

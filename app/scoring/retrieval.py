@@ -4,7 +4,7 @@ Loaded with a model version (:attr:`app.scoring.onnx_model.LoadedModel.retrieval
 None when the version has no towers, which then serves without the
 ``embedding`` source). Per request: the user columns' keys (the same
 extractor code as the ranker's features), one pull per tower table, numpy
-pooling (:func:`feature_store.retrieval_io.pool`), one run of the user
+pooling (:func:`feature_store.models.retrieval_io.pool`), one run of the user
 tower's ONNX graph; then the video vectors are searched.
 
 The search is :class:`app.candidates.ann_rebuild.LiveIndex` over the
@@ -35,8 +35,8 @@ from feature_store.events import EventContext
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import FeatureSchema
-from feature_store.registry import Manifest, ModelRegistry
-from feature_store.retrieval_io import (
+from feature_store.models.registry import Manifest, ModelRegistry
+from feature_store.models.retrieval_io import (
     MANIFEST_KEY,
     POOLED,
     USER_TOWER_FILE,

@@ -4,7 +4,7 @@ Per request: the candidates' features are extracted in one vectorised pass
 (:mod:`app.scoring.features`); each embedding table's *unique* keys, and the
 wide keys, are pulled once (weights only, ``train=False``: an unknown key is
 a zero row) into the temporary embedding matrices the model takes as inputs;
-:func:`feature_store.model_io.build_feed` assembles the feed; the batch is
+:func:`feature_store.models.model_io.build_feed` assembles the feed; the batch is
 padded to its warmed bucket and scored by one ``session.run``, which gives
 every ranking head; :mod:`app.scoring.fusion` turns them into the one score
 per candidate the scorer returns (``api.ranking_weights``, or the request's
@@ -25,12 +25,12 @@ from app.scoring.features import RequestFeatureExtractor
 from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
 from app.scoring.onnx_model import LoadedModel, pad_batch
 from app.scoring.video_table import VideoSource
-from feature_store import model_io
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
 from feature_store.features.extract import BatchFeatures, Indices
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
+from feature_store.models import model_io
 from feature_store.sparse.base import SparseTable
 
 StageObserver = Callable[[str, float], None]

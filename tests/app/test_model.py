@@ -16,7 +16,7 @@ from app.scoring.scorer import Scorer
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.events import EventContext
 from feature_store.features import FeatureExtractor, FeatureRow, default_schema
-from feature_store.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
+from feature_store.models.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
 from feature_store.settings import ApiSettings
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
 from tests.factories import make_video
@@ -98,7 +98,7 @@ def test_padding_to_a_bucket_does_not_change_scores(tmp_path: Path) -> None:
     padded = scorer.score(model, *args)  # 20 rows padded to 512
     batch = scorer.features(*args)
     rows, wide = scorer.pull(batch)
-    from feature_store import model_io
+    from feature_store.models import model_io
 
     exact = model.run(model_io.build_feed(SCHEMA, batch, rows, wide))
     np.testing.assert_allclose(padded, exact, rtol=1e-5)

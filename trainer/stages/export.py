@@ -14,8 +14,8 @@ import time
 from typing import Any, Literal
 
 from feature_store.errors import BackendUnavailable
-from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY
-from feature_store.runtime import Resources
+from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY
+from feature_store.runtime.resources import Resources
 from trainer.distributed import GroupSync
 from trainer.export import publish
 from trainer.metrics import TrainerMetrics

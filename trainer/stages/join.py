@@ -29,7 +29,7 @@ from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer
 from feature_store.events import Event
 from feature_store.features.values import FeatureValues
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 from trainer.checkpoint import SHOWN_FILE
 from trainer.labels import Joiner, Moments
 from trainer.samples import Lookup, featurise

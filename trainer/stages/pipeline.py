@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from feature_store.heads import HEADS
-from feature_store.retrieval_io import Towers as TowerColumns
-from feature_store.runtime import Resources
+from feature_store.models.retrieval_io import Towers as TowerColumns
+from feature_store.runtime.resources import Resources
 from trainer.dedupe import DedupeWindow
 from trainer.distributed import GroupSync
 from trainer.labels import Joiner, LabelPolicy

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 from trainer.checkpoint import DENSE_FILE
 from trainer.labels import Sample
 from trainer.metrics import TrainerMetrics
