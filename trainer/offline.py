@@ -126,7 +126,8 @@ def build_samples(
     Same joiner and label policy, same point-in-time values (the pre-batch
     store state of each batch of ``batch_size`` events, at the moment each
     video was shown), recorded into ``resources.training_activity`` (which must start
-    empty) after each batch, as the loop does. Values are packed rows (about
+    empty) after each batch, as the loop does; the impressions still pending at
+    the end time out, as in the evaluation's last drain. Values are packed rows (about
     0.4 KB a sample), not row objects, so a long stream fits in memory.
     ``engagement_only`` leaves out the samples with no engagement label (an
     ambiguous play, a sample for the watch head only): the offline harness
@@ -144,6 +145,8 @@ def build_samples(
         moments = partial(_moments, extractor, chunk, lookup, resources.training_activity)
         samples += joiner.observe(chunk, [0] * len(chunk), lookup.durations, moments)
         resources.training_activity.record(chunk, lookup.videos)
+    if events:  # the end of the stream: what still waits times out, as in the replay's last drain
+        samples += joiner.flush_idle(events[-1].ts + cfg.join_window_ms + 1)
     if engagement_only:
         samples = [s for s in samples if s.label == s.label]
     return samples, labelled_rows(samples, extractor.layout).values
