@@ -208,7 +208,7 @@ def _open_service(
         forgotten=reads.forgotten,
     )
     scorer = Scorer(
-        resources.schema, resources.tables, metrics.observe_stage, reads.pull, videos=videos,
+        resources.schema, resources.tables, metrics.observe_stage, reads.rows, videos=videos,
         fusion=Fusion.of(api.ranking_weights),
     )
     known = resources.families

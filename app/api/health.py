@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -78,7 +79,8 @@ async def readyz(request: Request) -> JSONResponse:
         else f"no model loaded ({service.holder.last_error or 'no active version in the registry'})"
     )
     degraded = model is None or any(s["state"] != "up" for s in states.values())
-    body = {"ready": True, "degraded": degraded, "checks": checks, "dependencies": states}
+    body = {"ready": True, "degraded": degraded, "checks": checks, "dependencies": states,
+            "process": os.getpid()}
     return JSONResponse(body, 200)
 
 
