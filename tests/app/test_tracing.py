@@ -71,7 +71,7 @@ def named(exporter: InMemorySpanExporter, name: str) -> list[Any]:
 def test_one_event_has_one_trace_from_the_request_to_the_trainer_batch(
     spans: InMemorySpanExporter, settings: Settings
 ) -> None:
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with TestClient(app) as client:
         event = {"event_id": "traced-1", "user_id": "u1", "video_id": "v1", "type": "finish",
                  "watch_ms": 60_000, "duration_ms": 60_000, "ts": int(time.time() * 1000)}
