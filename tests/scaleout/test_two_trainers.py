@@ -234,8 +234,10 @@ def _scan_rows(cluster_url: str, settings: Settings) -> dict[str, int]:
     ("dense_sync", "events_total"),
     # The kill, the takeover and the counting are the same for both exchanges; the gloo
     # run proves the all-reduce works across real processes and a kill (its rounds are
-    # unit-tested in test_group_sync.py), so a shorter stream does.
-    [("redis", 20_000), ("gloo", 10_000)],
+    # unit-tested in test_group_sync.py), so a shorter stream does. The redis run keeps
+    # 30,000: with 20,000 the survivor's prequential AUC came to 0.704-0.743 against the
+    # 0.68 asserted, too thin a margin (gloo's, 10,000: 0.744-0.771).
+    [("redis", 30_000), ("gloo", 10_000)],
 )
 def test_two_trainers_share_a_group_and_survive_a_kill(
     dense_sync: str,
