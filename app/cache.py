@@ -39,6 +39,7 @@ import numpy.typing as npt
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.changelog import ChangeLog
 from feature_store.sparse.base import SparseTable
+from feature_store.sparse.steps import pull_many
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -113,33 +114,98 @@ class RowCache:
         self._lock = threading.Lock()
 
     def pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        with self._lock:
-            return self._pull(keys)
+        rows, miss = self.lookup(keys)
+        if len(miss):
+            missing = keys[miss]
+            fetched = self.table.pull(missing, train=False)
+            rows[miss] = fetched
+            self.store(missing, fetched)
+        return rows
 
-    def _pull(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        now = self.clock()
-        n = len(keys)
-        slot = np.fromiter(map(self._slots.get, keys.tolist(), repeat(-1, n)), np.int64, n)
-        hit = slot >= 0
-        hit[hit] = self._expires[slot[hit]] >= now
-        if hit.all():
-            return self._rows[slot]
-        out = np.empty((n, self.table.spec.dim), dtype=np.float32)
-        out[hit] = self._rows[slot[hit]]
-        miss = np.flatnonzero(~hit)
-        missing = keys[miss]
-        rows = self.table.pull(missing, train=False)
-        out[miss] = rows
-        m = len(miss)
-        if self._next + m > self.capacity:
-            self._slots.clear()
-            self._next = 0
-        if m <= self.capacity:
+    def lookup(
+        self, keys: npt.NDArray[np.uint64]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.intp]]:
+        """The rows of ``keys`` held and fresh, and the positions of the others (their
+        rows left unset: the caller reads them from the table and keeps them with :meth:`store`)."""
+        with self._lock:
+            now = self.clock()
+            n = len(keys)
+            slot = np.fromiter(map(self._slots.get, keys.tolist(), repeat(-1, n)), np.int64, n)
+            hit = slot >= 0
+            hit[hit] = self._expires[slot[hit]] >= now
+            if hit.all():
+                return self._rows[slot], np.zeros(0, dtype=np.intp)
+            out = np.empty((n, self.table.spec.dim), dtype=np.float32)
+            out[hit] = self._rows[slot[hit]]
+            return out, np.flatnonzero(~hit)
+
+    def store(self, keys: npt.NDArray[np.uint64], rows: npt.NDArray[np.float32]) -> None:
+        """Keep ``rows`` (just read) of ``keys`` for ``ttl_s``."""
+        m = len(keys)
+        if not m or m > self.capacity:
+            return
+        with self._lock:
+            if self._next + m > self.capacity:
+                self._slots.clear()
+                self._next = 0
             start = self._next
             self._rows[start : start + m] = rows
-            self._expires[start : start + m] = now + self.ttl_s
-            self._slots.update(zip(missing.tolist(), range(start, start + m), strict=True))
+            self._expires[start : start + m] = self.clock() + self.ttl_s
+            self._slots.update(zip(keys.tolist(), range(start, start + m), strict=True))
             self._next += m
+
+
+class RowReader:
+    """Reads sparse rows of one family's tables by table name, through their
+    :class:`RowCache` each when caching is on.
+
+    :meth:`many` reads several tables at once: what none of the caches holds
+    is pulled from all the tables interleaved
+    (:func:`feature_store.sparse.steps.pull_many`), so a request's dozen Redis
+    tables cost about one round trip instead of one each. On a loaded machine
+    each round trip also waits for Redis and then this thread to be scheduled
+    again, so this is most of a Redis-backed request's wait
+    (docs/benchmarks.md, "Serving speed (issue #24)").
+    """
+
+    def __init__(
+        self, tables: Mapping[str, SparseTable], caches: Mapping[str, RowCache] | None
+    ) -> None:
+        self.tables = tables
+        self.caches = caches
+        """Per table (None: not cached, every read goes to the table)."""
+
+    def __call__(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
+        return self.many({table: keys})[table]
+
+    def many(
+        self, wanted: Mapping[str, npt.NDArray[np.uint64]]
+    ) -> dict[str, npt.NDArray[np.float32]]:
+        """The rows of each table's keys."""
+        out: dict[str, npt.NDArray[np.float32]] = {}
+        misses: dict[str, npt.NDArray[np.intp] | None] = {}
+        """Per table to read: the positions read (None: all of them)."""
+        for name, keys in wanted.items():
+            if self.caches is None:
+                misses[name] = None
+                continue
+            out[name], miss = self.caches[name].lookup(keys)
+            if len(miss):
+                misses[name] = miss
+        if not misses:
+            return out
+        requests = [
+            (self.tables[name], wanted[name] if miss is None else wanted[name][miss])
+            for name, miss in misses.items()
+        ]
+        pulled = pull_many(requests, train=False)
+        for (name, at), (_, keys), rows in zip(misses.items(), requests, pulled, strict=True):
+            if at is None:
+                out[name] = rows
+                continue
+            out[name][at] = rows
+            assert self.caches is not None
+            self.caches[name].store(keys, rows)
         return out
 
 
@@ -167,12 +233,11 @@ class CachedReads:
             max(ttl_s, CATALOG_TTL_S), clock=clock
         )
         self._ttl_s = ttl_s
-        self._rows = {
-            name: RowCache(table, ttl_s, clock=clock) for name, table in tables.items()
-        }
+        self.rows = self._reader(tables)
+        """The row reader of this process's own tables."""
         self.forgotten = ChangeLog()
         """Ids of the catalog records written through this process, in order."""
-        self._family_rows: dict[int, dict[str, RowCache]] = {}
+        self._family_rows: dict[int, RowReader] = {}
 
     def videos(self, video_ids: Sequence[str]) -> list[Video | None]:
         if not self.enabled:
@@ -180,13 +245,9 @@ class CachedReads:
         return self._videos.get_many(video_ids, self.catalog.get_many)
 
     def pull(self, table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        if not self.enabled:
-            return self.tables[table].pull(keys, train=False)
-        return self._rows[table].pull(keys)
+        return self.rows(table, keys)
 
-    def reader(
-        self, tables: Mapping[str, SparseTable]
-    ) -> Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]]:
+    def reader(self, tables: Mapping[str, SparseTable]) -> RowReader:
         """A row reader over another family's ``tables``, cached like :meth:`pull`.
 
         Each family has its own row caches (the same key means a different row
@@ -194,17 +255,21 @@ class CachedReads:
         of families at most: one per retrain served).
         """
         if tables is self.tables:
-            return self.pull
+            return self.rows
         if not self.enabled:
-            return lambda table, keys: tables[table].pull(keys, train=False)
-        caches = self._family_rows.get(id(tables))
-        if caches is None:
-            caches = {
-                name: RowCache(table, self._ttl_s, clock=self.clock)
-                for name, table in tables.items()
-            }
-            self._family_rows[id(tables)] = caches
-        return lambda table, keys: caches[table].pull(keys)
+            return RowReader(tables, None)
+        reader = self._family_rows.get(id(tables))
+        if reader is None:
+            reader = self._family_rows[id(tables)] = self._reader(tables)
+        return reader
+
+    def _reader(self, tables: Mapping[str, SparseTable]) -> RowReader:
+        if not self.enabled:
+            return RowReader(tables, None)
+        caches = {
+            name: RowCache(table, self._ttl_s, clock=self.clock) for name, table in tables.items()
+        }
+        return RowReader(tables, caches)
 
     def forget_videos(self, video_ids: Iterable[str]) -> None:
         """Drop cached catalog records (after a write through this process).

@@ -45,7 +45,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from app.server import run_service
 
-    return run_service(_settings(args), host=args.host, port=args.port)
+    return run_service(_settings(args), host=args.host, port=args.port, workers=args.workers)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from app.evaluation.datasets import replay_dataset
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     settings = _settings(args)
     with open_resources(settings) as resources:
@@ -69,7 +69,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_backfill(args: argparse.Namespace) -> int:
     from feature_store.backfill import backfill
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     with open_resources(_settings(args)) as resources:
         report = backfill(
@@ -83,8 +83,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 def cmd_export_vectors(args: argparse.Namespace) -> int:
     from app.vectors_export import export_vectors
     from feature_store.errors import InvalidInput, NotFound
-    from feature_store.registry import ModelRegistry
-    from feature_store.runtime import open_resources
+    from feature_store.models.registry import ModelRegistry
+    from feature_store.runtime.resources import open_resources
 
     settings = _settings(args)
     registry = ModelRegistry(settings.data_dir / "registry")
@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = with_common(sub.add_parser("serve", help="the HTTP service alone"))
     serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--workers", type=int, default=1,
+        help="processes accepting on the port, about one core each (Redis and Kafka "
+        "backends only: they share state through them)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     train = with_common(sub.add_parser("train", help="the online trainer alone"))

@@ -190,13 +190,21 @@ class ColdStart:
             local.rates_until = now + wait
         return cached
 
+    def new_positions(self, table: VideoTable, rows: Indices) -> Indices:
+        """Positions (into ``rows``) of the new videos: those :meth:`new_videos` gives,
+        known before scoring so that their anonymous scores join the user's run."""
+        return self._new(exposure(table.stats[rows])[0])
+
+    def _new(self, exposure_n: Floats) -> Indices:
+        return np.flatnonzero(exposure_n < self.settings.new_video_impressions)
+
     def new_videos(
         self, table: VideoTable, rows: Indices, uploaded_ms: Floats, now_ms: int
     ) -> NewVideos:
         """Which of ``rows`` (table rows of the candidates, uploaded at ``uploaded_ms``) are
         new, with their posteriors."""
         n, e = exposure(table.stats[rows])
-        positions = np.flatnonzero(n < self.settings.new_video_impressions)
+        positions = self._new(n)
         if not len(positions):
             empty = np.zeros(0)
             return NewVideos(positions, empty, empty, empty, np.zeros(0, dtype=np.bool_), empty)

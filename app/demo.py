@@ -1,6 +1,6 @@
 """``vidrec up --demo``: a synthetic catalog and simulated users, so recommendations move.
 
-Seeds the catalog from :class:`~feature_store.synthetic.SyntheticWorld` (only
+Seeds the catalog from :class:`~feature_store.sim.world.SyntheticWorld` (only
 when it is empty, so a restart keeps the same world), then runs a thread of
 simulated sessions: a user (drawn by activity) asks the service for a feed
 page, reacts to it according to their hidden tastes, and the events go to
@@ -32,9 +32,9 @@ import numpy as np
 
 from app.schemas import RecommendRequest
 from feature_store.events import Event, EventType
+from feature_store.runtime.worker import Worker
 from feature_store.settings import Settings
-from feature_store.synthetic import SyntheticWorld, WorldConfig
-from feature_store.worker import Worker
+from feature_store.sim.world import SyntheticWorld, WorldConfig
 
 if TYPE_CHECKING:
     from app.service import Service

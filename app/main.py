@@ -1,8 +1,8 @@
 """The FastAPI application: ``create_app(settings)`` and its lifespan.
 
 No side effects at import time. The lifespan opens the storage
-(:func:`~feature_store.runtime.open_resources`, unless the caller passes an
-already-open :class:`~feature_store.runtime.Resources`, which it then leaves
+(:func:`~feature_store.runtime.resources.open_resources`, unless the caller passes an
+already-open :class:`~feature_store.runtime.resources.Resources`, which it then leaves
 open), builds the service (:func:`app.service.open_service`), enters the
 optional *extensions* (the embedded trainer, the demo traffic) and closes
 everything in reverse order on shutdown.
@@ -38,10 +38,10 @@ from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
 from app.openapi import contract
 from app.service import Service, open_service
-from feature_store import tracing
 from feature_store.errors import InvalidInput, NotFound, VidrecError
 from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
-from feature_store.runtime import Resources, open_resources
+from feature_store.runtime import tracing
+from feature_store.runtime.resources import Resources, open_resources
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)

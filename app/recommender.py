@@ -61,11 +61,11 @@ from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
 from feature_store.features.batch import Indices
-from feature_store.log_summary import LogSummary
 from feature_store.recommendation_ids import RecommendationIds
 from feature_store.redis_errors import REDIS_FAILURES
+from feature_store.runtime.log_summary import LogSummary
+from feature_store.runtime.worker import periodic
 from feature_store.settings import ApiSettings
-from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +222,22 @@ class Recommender:
         reason = None if history or request.candidates is not None else "unknown_user"
         fusion = assigned.fusion if assigned is not None else None
         heads: dict[str, np.ndarray] | None = {} if request.explain else None
-        scores, features = self.scorer.score_rows(
-            model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads
+        # The cold start's anonymous scores (its new videos) ride in the user's ONNX run.
+        new = (
+            self.rerank.cold_start.new_positions(self.scorer.extractor.table, found.rows)
+            if self.rerank is not None else None
+        )
+        scores, reference, features = self.scorer.score_rows(
+            model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads,
+            found.rows[new] if new is not None else None,
         )
         if self.pool_observer is not None:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
-        ranked = self._rank(request, query, found, scores, affinity, count, model, fusion)
+        ranked = self._rank(
+            request, query, found, scores, affinity, count, model, fusion, (new, reference)
+        )
         order = ranked.order
         explained = None
         if heads is not None:
@@ -309,8 +317,11 @@ class Recommender:
         count: int,
         model: LoadedModel,
         fusion: Fusion | None,
+        scored_anonymous: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
     ) -> Ranked:
-        """The reranked scores and the response's rows, best first, by :func:`fuse`."""
+        """The reranked scores and the response's rows, best first, by :func:`fuse`.
+        ``scored_anonymous``: candidate positions and their anonymous scores, scored with
+        the user's (what the cold start asks for, see :meth:`Scorer.score_rows`)."""
         covisits = found.pool.covisits
         terms = bonus_terms(
             len(found.ids),
@@ -325,6 +336,9 @@ class Recommender:
             return Ranked(scores, top_k(fuse(scores, bonus), count), terms)
 
         def anonymous(positions: np.ndarray) -> np.ndarray:
+            at, reference = scored_anonymous
+            if reference is not None and at is not None and np.array_equal(positions, at):
+                return reference
             return self.scorer.anonymous_scores(
                 model, query.now_ms, request.context, found.rows[positions], fusion
             )

@@ -276,3 +276,5 @@ class Readiness(_Response):
     dependencies: dict[str, dict[str, Any]] = {}
     """Each dependency's breaker state: ``state`` (``up``/``down``), ``down_for_s``,
     ``error``, ``trips`` (times it went down)."""
+    process: int | None = None
+    """The id of the process that answered (which worker, with ``vidrec serve --workers``)."""

@@ -37,10 +37,10 @@ from feature_store.eventlog.base import EventLog
 from feature_store.events import EventContext
 from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.features.values import ValueLayout, split_from_batch
+from feature_store.runtime.worker import Worker
 from feature_store.served import ServedArm, ServedItem, ServedRecord
 from feature_store.settings import ServedLogSettings
 from feature_store.signals.feedback.base import ServedBatch, UserFeedback
-from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,34 @@ simulated users.
 the trainer elsewhere). uvicorn handles SIGINT/SIGTERM by finishing
 in-flight requests and running the lifespan's shutdown, which stops the
 trainer gracefully and closes every client.
+
+**Several workers on one port** (``vidrec serve --workers N``): a process
+scores one request at a time on its scoring thread (:mod:`app.admission`)
+and holds the GIL while it does, so one process uses about one core. With
+``N`` workers uvicorn's supervisor binds the port once and starts ``N``
+processes (``spawn``) that accept on it; each builds its own service from
+the same ``VIDREC_*`` settings (:func:`worker_app`). They share state the
+way separate replicas do: through Redis (stores, sparse tables, signals,
+feedback, control) and Kafka (events, the served log), so several workers
+are refused with any in-process backend (:func:`check_shared`). Each keeps
+its own caches, model copy and ``/metrics`` (``/readyz`` names the process
+that answered).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from app.main import Extension, create_app
-from feature_store import tracing
+from feature_store.errors import ConfigurationError
+from feature_store.runtime import tracing
 from feature_store.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,7 +85,72 @@ def run_embedded(
         return _serve(app, host, port, settings.api.switch_interval_ms)
 
 
-def run_service(settings: Settings, host: str, port: int) -> int:
-    """The HTTP service alone."""
+def run_service(settings: Settings, host: str, port: int, workers: int = 1) -> int:
+    """The HTTP service alone, in ``workers`` processes on the one port."""
+    if workers > 1:
+        return _serve_workers(settings, host, port, workers)
     with tracing.configured(settings.tracing, "api"):
         return _serve(create_app(settings), host, port, settings.api.switch_interval_ms)
+
+
+_WORKER_DATA_DIR = "VIDREC_DATA_DIR"
+_WORKER_LOG_LEVEL = "_VIDREC_WORKER_LOG_LEVEL"
+"""The parent's log level, for the workers (spawned: they start with no logging set up)."""
+
+
+def check_shared(settings: Settings) -> None:
+    """Refuse several workers unless every piece of state they must share lives outside
+    the process: each worker would otherwise have its own stores, tables and event log,
+    and write the same snapshot and log files."""
+    private = [
+        name
+        for name, backend, shared in (
+            ("stores.backend", settings.stores.backend, "redis"),
+            ("sparse.backend", settings.sparse.backend, "redis"),
+            ("event_log.backend", settings.event_log.backend, "kafka"),
+        )
+        if backend != shared
+    ]
+    if private:
+        raise ConfigurationError(
+            f"--workers: several workers share state through Redis and Kafka only; "
+            f"{', '.join(private)} keep it in the process (set them to redis / kafka, or "
+            "run one worker)"
+        )
+
+
+def _serve_workers(settings: Settings, host: str, port: int, workers: int) -> int:
+    """uvicorn's supervisor: binds the port, starts ``workers`` processes accepting on it,
+    restarts one that dies, and on SIGINT/SIGTERM stops them all gracefully."""
+    check_shared(settings)
+    # The workers rebuild the settings from the environment: the parent's, plus what the
+    # command line set. (Settings are not sent whole: secrets do not serialize.)
+    os.environ[_WORKER_DATA_DIR] = str(settings.data_dir)
+    os.environ[_WORKER_LOG_LEVEL] = logging.getLevelName(logging.getLogger().level)
+    config = uvicorn.Config(
+        "app.server:worker_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    log.info("vidrec serve on http://%s:%d with %d workers", host, port, workers)
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    return 0
+
+
+def worker_app() -> object:
+    """One worker's application (uvicorn's factory, run in each spawned worker): the
+    settings from ``VIDREC_*``, as the parent had them, and its own service."""
+    logging.basicConfig(
+        level=os.environ.get(_WORKER_LOG_LEVEL, "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = Settings()
+    sys.setswitchinterval(settings.api.switch_interval_ms / 1000)
+    if tracing.configure(settings.tracing, "api"):
+        atexit.register(tracing.shutdown)  # the worker's lifetime: flushed when it exits
+    return create_app(settings)

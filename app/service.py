@@ -1,6 +1,6 @@
 """The live parts of one service instance, opened and closed together.
 
-:func:`open_service` builds, over an open :class:`~feature_store.runtime.Resources`,
+:func:`open_service` builds, over an open :class:`~feature_store.runtime.resources.Resources`,
 everything a request needs: the candidate signals, the scorer, the model
 holder (with its hot-swap thread), the popular list for the degraded
 fallback, the recommender and the metrics. It is a context manager so that
@@ -31,17 +31,17 @@ from app.scoring.scorer import Scorer
 from app.scoring.video_table import video_source
 from app.served_log import ServedLogWriter
 from app.signal_feed import SignalFeed, run_signal_feed
-from feature_store import tracing
-from feature_store.breaker import Breaker, redis_breaker
 from feature_store.events import EventValidator
 from feature_store.experiments import ExperimentSpec, ExperimentStore
 from feature_store.features.values import layout_of
-from feature_store.log_summary import LogSummary
+from feature_store.ops.timeseries import MetricsSeries
 from feature_store.recommendation_ids import RecommendationIds
-from feature_store.runtime import Resources
+from feature_store.runtime import tracing
+from feature_store.runtime.breaker import Breaker, redis_breaker
+from feature_store.runtime.log_summary import LogSummary
+from feature_store.runtime.resources import Resources
 from feature_store.signals import CandidateSignals, serving_signals
 from feature_store.signals.feedback import UserFeedback, serving_feedback
-from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _open_service(
         forgotten=reads.forgotten,
     )
     scorer = Scorer(
-        resources.schema, resources.tables, metrics.observe_stage, reads.pull, videos=videos,
+        resources.schema, resources.tables, metrics.observe_stage, reads.rows, videos=videos,
         fusion=Fusion.of(api.ranking_weights),
     )
     known = resources.families

@@ -48,11 +48,11 @@ from pathlib import Path
 from feature_store.errors import VidrecError
 from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
+from feature_store.runtime.worker import Worker
 from feature_store.signals.base import CandidateSignals
 from feature_store.signals.feedback import MemoryFeedback, UserFeedback
 from feature_store.signals.feedback.base import needs_creator
-from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 

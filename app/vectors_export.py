@@ -43,21 +43,22 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from app.cache import RowReader
 from app.scoring.retrieval import towers_of, user_inputs
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.events import EventContext, check_id
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import FeatureSchema
-from feature_store.registry import Manifest
-from feature_store.retrieval_io import (
+from feature_store.models.registry import Manifest
+from feature_store.models.retrieval_io import (
     POOLED,
     USER_TOWER_FILE,
     VECTOR,
     VIDEO_IDS_FILE,
     VIDEO_VECTORS_FILE,
 )
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +171,7 @@ def _user_batches(
     session: ort.InferenceSession, users: Sequence[str], now_ms: int,
 ) -> Iterator[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], npt.NDArray[np.float32]]]:
     """(history lengths, pooled inputs, vectors) of ``users``, a batch at a time."""
-    tables = resources.tables
-
-    def pull(table: str, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
-        return tables[table].pull(keys, train=False)
-
+    pull = RowReader(resources.tables, None)
     for start in range(0, len(users), USERS_PER_BATCH):
         chunk = users[start : start + USERS_PER_BATCH]
         histories = resources.activity.histories(list(chunk))

@@ -84,8 +84,8 @@ def run_up(settings: Settings, host: str, port: int, demo: bool = False) -> int:
 
 def run_train(settings: Settings) -> int:
     """``vidrec train``: the trainer alone, until SIGTERM/SIGINT (it checkpoints first)."""
-    from feature_store import tracing
-    from feature_store.runtime import open_resources
+    from feature_store.runtime import tracing
+    from feature_store.runtime.resources import open_resources
     from trainer.component import TrainerComponent
     from trainer.control import ControlListener
     from trainer.retrain import RetrainManager

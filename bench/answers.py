@@ -39,7 +39,7 @@ def main() -> int:
 
     from app.schemas import RecommendRequest
     from app.service import open_service
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
     from feature_store.settings import Settings
 
     base = bench_settings(args.data_dir, "memory", None).model_dump()

@@ -35,7 +35,7 @@ def main() -> int:
     from app.scoring.onnx_model import session_options
     from app.scoring.retrieval import load_retrieval
     from bench.bench_serving import bench_settings, make_requests, prepare
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     settings = bench_settings(Path(tempfile.mkdtemp(prefix="vidrec-bench-")), "memory", None)
     requests = make_requests(args.users, 500)

@@ -121,7 +121,7 @@ def measure_serving(data_dir: Path, videos: int, candidate_counts: list[int]) ->
     """Open the service on ``data_dir`` and time recommend per candidate count."""
     from app.schemas import RecommendRequest
     from app.service import open_service
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     settings = _serving_settings(data_dir)
     before = memory_mb()
@@ -147,7 +147,7 @@ def measure_serving(data_dir: Path, videos: int, candidate_counts: list[int]) ->
 def measure_training(rows: int, events: int, warmup: int) -> dict[str, Any]:
     """Events/s of the training pipeline with ``rows`` extra rows in the tables."""
     from bench.bench_training import _settings, pipeline_rate
-    from feature_store.synthetic import SyntheticWorld, WorldConfig
+    from feature_store.sim.world import SyntheticWorld, WorldConfig
 
     world = SyntheticWorld(WorldConfig(users=20_000, videos=50_000, creators=2_000, seed=0))
     stream = world.events(events + 1024)

@@ -23,10 +23,16 @@
    without logging each response's features (``served_log_cost``). The same
    for tracing: a server exporting every request's spans over OTLP/HTTP to a
    local sink, alternately with the first (tracing off: ``tracing_cost``).
+   With ``--workers N`` (Redis backends): ``vidrec serve --workers 1`` and
+   ``--workers N`` on a local Kafka-protocol broker, each under two clients per
+   worker: requests/s and the servers' CPU per request (``workers``).
    With ``--baseline-tree DIR``, a server run from another checkout (the
    code before a change) alternately with this one (``baseline``).
 4. Measures the floor in this process on the same data: the same sparse pulls
-   and ONNX run for the same requests, without HTTP, JSON or candidate work,
+   and ONNX run for the same requests, without HTTP, JSON or candidate work
+   (``pull_and_onnx``; and with the cold start's anonymous rows of the new
+   candidates stacked into the run as a recommend does,
+   ``pull_and_onnx_with_anonymous``),
    the whole in-process recommend for reference, and each recommend stage's
    mean CPU time (``floor.stage_cpu_ms``, ``time.thread_time``).
 
@@ -97,9 +103,9 @@ def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_
     from app.schemas import RecommendRequest
     from app.scoring.features import RequestFeatureExtractor
     from feature_store.features.schema import WIDE_TABLE
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
     from feature_store.signals import serving_signals
-    from feature_store.synthetic import SyntheticWorld, WorldConfig
+    from feature_store.sim.world import SyntheticWorld, WorldConfig
     from trainer.export import publish
     from trainer.model import WideDeep
 
@@ -157,7 +163,7 @@ def retrieval_artifacts(
     from app.schemas import RecommendRequest
     from feature_store.features import FeatureExtractor, FeatureRow
     from feature_store.features.schema import FeatureSchema
-    from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
+    from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
     from trainer.retrieval import RetrievalTrainer
     from trainer.retrieval_export import writer
 
@@ -183,7 +189,7 @@ class Server:
     """``vidrec serve`` in a subprocess."""
 
     def __init__(
-        self, data_dir: Path, port: int, env: dict[str, str], cwd: Path = ROOT
+        self, data_dir: Path, port: int, env: dict[str, str], cwd: Path = ROOT, workers: int = 1
     ) -> None:
         self.port = port
         self.process = subprocess.Popen(
@@ -200,6 +206,7 @@ class Server:
                 "127.0.0.1",
                 "--port",
                 str(port),
+                *(["--workers", str(workers)] if workers > 1 else []),
             ],
             cwd=cwd,  # `-m app.cli` imports the app of this directory
             env={**os.environ, **env},
@@ -219,9 +226,20 @@ class Server:
         raise TimeoutError("server not ready")
 
     def cpu_seconds(self) -> float:
-        """User plus system CPU time the server process has used so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User plus system CPU time the server process and its live workers have used so
+        far."""
+        total, pending = 0, [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except FileNotFoundError:  # ended meanwhile
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            pending += [int(child) for child in children]
+        return total / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -424,6 +442,39 @@ def baseline_cost(
     return _difference(out, "this_tree", "baseline_tree")
 
 
+def workers_scaling(
+    data_dir: Path, env: dict[str, str], bodies: list[bytes], total: int, workers: int
+) -> dict[str, Any]:
+    """Requests/s of ``vidrec serve --workers 1`` and ``--workers N`` on the same data (the
+    Redis backends and a local Kafka-protocol broker, as several workers need), each under
+    two closed-loop clients per worker; with the servers' CPU (the supervisor and its
+    workers) per request, whose inverse is the requests one core serves."""
+    from tests.services import TansuBroker, free_port
+
+    out: dict[str, Any] = {}
+    with TansuBroker() as broker:
+        kafka = env | {
+            "VIDREC_EVENT_LOG__BACKEND": "kafka",
+            "VIDREC_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+            "VIDREC_EVENT_LOG__TOPIC_NAMESPACE": f"bench{os.getpid()}",
+        }
+        for count in (1, workers):
+            server = Server(data_dir, free_port(), kafka, workers=count)
+            try:
+                server.wait_ready()
+                run_load(server.port, bodies, 100 * count, 2 * count)  # every worker warm
+                before = server.cpu_seconds()
+                result = run_load(server.port, bodies, total, 2 * count)
+                cpu_ms = (server.cpu_seconds() - before) * 1000 / result["requests"]
+            finally:
+                server.stop()
+            out[f"workers_{count}"] = result | {
+                "server_cpu_ms_per_request": round(cpu_ms, 3),
+                "requests_per_cpu_s": round(1000 / cpu_ms, 1) if cpu_ms else None,
+            }
+    return out
+
+
 def summary(ms: list[float]) -> dict[str, float]:
     arr = np.asarray(ms)
     return {
@@ -437,29 +488,35 @@ def summary(ms: list[float]) -> dict[str, float]:
 def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dict[str, Any]:
     """The same pulls and ONNX run in-process; and the whole recommend without HTTP."""
     from app.schemas import RecommendRequest
+    from app.scoring.onnx_model import stack_batches
+    from app.scoring.scorer import ANONYMOUS
     from app.service import open_service
-    from feature_store.runtime import open_resources
+    from feature_store.runtime.resources import open_resources
 
     with open_resources(settings) as res, open_service(res) as service:
         model = service.model
         assert model is not None
         scorer = service.scorer
         now = int(time.time() * 1000)
-        prepared = []
+        prepared, stacked = [], []
+        new_rows = 0
         for body in requests:
             req = RecommendRequest.model_validate(body)
             cand = [v for v in res.catalog.get_many(req.candidates or []) if v is not None]
             history = res.activity.history(req.user_id)
             stats = res.activity.video_stats([v.video_id for v in cand])
-            prepared.append(scorer.features(req.user_id, now, req.context, history, cand, stats))
-        pull_run: list[float] = []
+            batch = scorer.features(req.user_id, now, req.context, history, cand, stats)
+            prepared.append(batch)
+            # The cold start's anonymous rows of the new candidates, in the same run.
+            extractor = scorer.extractor
+            rows = extractor.table.rows_of(cand)
+            new = service.recommender.rerank.cold_start.new_positions(extractor.table, rows)
+            anonymous = extractor.extract_rows(ANONYMOUS, now, req.context, (), rows[new])
+            stacked.append(stack_batches(res.schema, batch, anonymous) if len(new) else batch)
+            new_rows += len(new)
+        pull_run = pull_and_run(scorer, model, prepared, total)
+        with_anonymous = pull_and_run(scorer, model, stacked, total)
         features: list[float] = []
-        for i in range(total):
-            batch = prepared[i % len(prepared)]
-            t0 = time.perf_counter()
-            rows, wide = scorer.pull(batch)
-            scorer.run(model, batch, rows, wide)
-            pull_run.append((time.perf_counter() - t0) * 1000)
         parsed = [RecommendRequest.model_validate(b) for b in requests]
         for i in range(total):
             t0 = time.perf_counter()
@@ -467,11 +524,25 @@ def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dic
             features.append((time.perf_counter() - t0) * 1000)
         return {
             "pull_and_onnx": summary(pull_run),
+            "pull_and_onnx_with_anonymous": summary(with_anonymous)
+            | {"anonymous_rows_per_request": round(new_rows / len(requests), 1)},
             "recommend_in_process": summary(features),
             "stage_cpu_ms": stage_cpu(service, requests, total),
             "provider": model.provider,
             "unique_keys_per_request": int(np.mean([b.unique_key_count for b in prepared])),
         }
+
+
+def pull_and_run(scorer: Any, model: Any, batches: list[Any], total: int) -> list[float]:
+    """Milliseconds of each of ``total`` pulls and ONNX runs, cycling through ``batches``."""
+    out = []
+    for i in range(total):
+        batch = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        rows, wide = scorer.pull(batch)
+        scorer.run(model, batch, rows, wide)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
 
 
 def stage_cpu(service: Any, requests: list[dict[str, Any]], total: int) -> dict[str, float]:
@@ -539,7 +610,14 @@ def main() -> int:
         help="another checkout (e.g. a worktree of the previous commit): its server is "
         "measured alternately with this one's on the same data (before / after)",
     )
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="with --backend redis: also `vidrec serve --workers 1` against `--workers N` "
+        "on a local Kafka-protocol broker (requests/s, and per CPU second)",
+    )
     args = parser.parse_args()
+    if args.workers > 1 and args.backend != "redis":
+        parser.error("--workers needs --backend redis (workers share state through Redis)")
 
     import tempfile
 
@@ -596,6 +674,10 @@ def main() -> int:
             server, data_dir, env, given, args.requests
         )
         results["tracing_cost"] = tracing_cost(server, data_dir, env, given, args.requests)
+        if args.workers > 1:
+            results["workers"] = workers_scaling(
+                data_dir, env, given, args.requests, args.workers
+            )
         if args.baseline_tree:
             results["baseline"] = baseline_cost(
                 server, Path(args.baseline_tree).resolve(), data_dir, env, given, args.requests
@@ -608,6 +690,15 @@ def main() -> int:
     seq = results["http_given_candidates_sequential"]
     results["p50_over_floor"] = round(
         seq["p50_ms"] / results["floor"]["pull_and_onnx"]["p50_ms"], 2
+    )
+    results["p99_over_floor"] = round(
+        seq["p99_ms"] / results["floor"]["pull_and_onnx"]["p50_ms"], 2
+    )
+    results["p99_over_floor_p99"] = round(
+        seq["p99_ms"] / results["floor"]["pull_and_onnx"]["p99_ms"], 2
+    )
+    results["p50_over_floor_with_anonymous"] = round(
+        seq["p50_ms"] / results["floor"]["pull_and_onnx_with_anonymous"]["p50_ms"], 2
     )
     results["meta"] = {
         "backend": args.backend,

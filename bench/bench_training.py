@@ -6,7 +6,7 @@
 
 For each sparse backend, a fresh trainer (``OnlineTrainer.run`` in a thread,
 exactly as ``vidrec up`` runs it) consumes a pre-filled in-process event log
-of synthetic events (``feature_store.synthetic``, seed 0; catalog and
+of synthetic events (``feature_store.sim.world``, seed 0; catalog and
 activity in the memory stores) in batches of ``--batch`` events. The figure
 is events consumed per second between the ``--warmup``-th event and the
 ``--events``-th, so it counts everything a batch costs: polling and decoding,
@@ -46,10 +46,10 @@ import torch
 from torch.nn import functional
 
 from bench.machine import cpu_model
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
+from feature_store.sim.world import SyntheticWorld, WorldConfig
 from feature_store.sparse.snapshot import SnapshotData
-from feature_store.synthetic import SyntheticWorld, WorldConfig
 from trainer.loop import OnlineTrainer
 from trainer.samples import Lookup, labelled_rows
 from trainer.step import to_inputs

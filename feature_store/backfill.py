@@ -41,7 +41,7 @@ from pathlib import Path
 from feature_store.errors import InvalidInput
 from feature_store.event_files import Rejected, UnreadableRow, parse_event_rows, read_videos
 from feature_store.events import Event, EventValidator
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 

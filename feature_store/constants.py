@@ -58,7 +58,7 @@ TRAINING_HISTORY = f"{REDIS_ROOT}:train:hist:"
 TRAINING_VIDEO_STATS = f"{REDIS_ROOT}:train:vstat:"
 """The trainer's own copy of the histories and counters (point in time: as of the events it
 trained), beside serving's ``HISTORY``/``VIDEO_STATS``, which the signal feed writes
-(``feature_store/runtime.py``, ``Resources.training_activity``)."""
+(``feature_store/runtime/resources.py``, ``Resources.training_activity``)."""
 
 TRAINER_METRICS = f"{REDIS_ROOT}:trainer:metrics:"
 """Capped stream of a trainer's metric points: ``{TRAINER_METRICS}{group_id}``."""
@@ -75,7 +75,7 @@ TRAINER_EXPORTER = f"{REDIS_ROOT}:trainer:exporter:"
 ``{TRAINER_EXPORTER}{group_id}``; see ``trainer/distributed.py``."""
 
 CONTROL_COMMANDS = f"{REDIS_ROOT}:control:cmd"
-"""Capped stream of operator commands to trainers (``feature_store.control``)."""
+"""Capped stream of operator commands to trainers (``feature_store.ops.control``)."""
 CONTROL_ACKS = f"{REDIS_ROOT}:control:ack"
 """Capped stream of trainers' acknowledgements of those commands."""
 DASHBOARD_AUDIT = f"{REDIS_ROOT}:dashboard:audit"

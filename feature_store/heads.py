@@ -18,7 +18,7 @@ counting positions:
   evaluation report show each head's ``metric`` (:data:`METRIC_FIGURES`);
 - the export (``trainer/export.py``) names each output ``output`` and the
   server (``app/scoring``) reads them by that name
-  (:mod:`feature_store.model_io`);
+  (:mod:`feature_store.models.model_io`);
 - the served score fuses the heads (``app/scoring/fusion.py``) with
   ``api.ranking_weights``, whose default is each head's ``fusion_weight``;
   an experiment arm's weights name heads too (:data:`HEAD_NAMES`).

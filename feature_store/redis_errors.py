@@ -3,7 +3,7 @@
 redis-py fails in three families that share no base class:
 
 - :class:`redis.RedisError` (connection refused, timeouts, error replies,
-  :class:`~feature_store.breaker.CircuitOpen`),
+  :class:`~feature_store.runtime.breaker.CircuitOpen`),
 - :class:`redis.exceptions.RedisClusterException` (no node answers, the slot
   map cannot be built; not a ``RedisError``),
 - :class:`OSError` from a socket that redis-py did not wrap.

@@ -1,7 +1,7 @@
 """The docs name only what exists: ``docs/architecture.md`` and the README.
 
 Every backticked file or folder (``app/wiring.py``, ``sparse/factory.py``,
-``tests/app/browser/``), dotted name (``app.wiring``, ``feature_store.control``,
+``tests/app/browser/``), dotted name (``app.wiring``, ``feature_store.ops.control``,
 ``ControlListener._dispatch``, a settings path such as ``api.candidate_sources``),
 code-looking identifier (``open_resources``, ``TRAINER_ACTIONS``) and ``vidrec``
 command they cite must be found in the tree, so a rename or a removal that
@@ -252,8 +252,8 @@ def test_every_cited_path_and_name_exists(doc: str) -> None:
 def test_the_check_catches_what_is_gone() -> None:
     assert not path_exists("feature_store/nowhere.py")
     assert path_exists("sparse/factory.py")
-    assert not dotted_exists("feature_store.runtime.no_such_function")
-    assert dotted_exists("feature_store.runtime.open_resources")
+    assert not dotted_exists("feature_store.runtime.resources.no_such_function")
+    assert dotted_exists("feature_store.runtime.resources.open_resources")
     assert dotted_exists("ControlListener._dispatch")
     assert not dotted_exists("ControlListener._no_such_method")
     assert dotted_exists("api.candidate_sources")

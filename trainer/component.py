@@ -21,9 +21,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from feature_store.runtime import Resources
-from feature_store.timeseries import MetricsSeries
-from feature_store.worker import Worker
+from feature_store.ops.timeseries import MetricsSeries
+from feature_store.runtime.resources import Resources
+from feature_store.runtime.worker import Worker
 from trainer.loop import OnlineTrainer
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The control listener: carries out the dashboard's commands on a trainer.
 
-It reads :class:`~feature_store.control.Command` s for its ``target`` from the
-process's :class:`~feature_store.control.ControlChannel`, acknowledges each
+It reads :class:`~feature_store.ops.control.Command` s for its ``target`` from the
+process's :class:`~feature_store.ops.control.ControlChannel`, acknowledges each
 as ``accepted``, carries it out through the
 :class:`TrainerHandle` protocol and acknowledges it
 again as ``done`` or ``failed``. Retraining (a second model family) is
@@ -17,9 +17,9 @@ import time
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
-from feature_store.control import ACTIONS, LIVE, Ack, Command, ControlChannel
 from feature_store.errors import InvalidInput, StoreUnavailable
-from feature_store.worker import Worker
+from feature_store.ops.control import ACTIONS, LIVE, Ack, Command, ControlChannel
+from feature_store.runtime.worker import Worker
 
 log = logging.getLogger(__name__)
 

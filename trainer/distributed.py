@@ -92,7 +92,7 @@ from feature_store.constants import TRAINER_DENSE, TRAINER_EXPORTER, TRAINER_PRO
 from feature_store.errors import ConfigurationError, StoreUnavailable
 from feature_store.eventlog.base import ConsumedEvent
 from feature_store.redis_errors import REDIS_FAILURES, redis_errors
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 The exported graph is the same :class:`~trainer.model.WideDeep` module the
 trainer steps (wrapped in :class:`~trainer.model.Heads`: one output per
-ranking head, named by :data:`feature_store.model_io.HEAD_OUTPUTS`), traced
-with the input and output names of :mod:`feature_store.model_io`; the
+ranking head, named by :data:`feature_store.models.model_io.HEAD_OUTPUTS`), traced
+with the input and output names of :mod:`feature_store.models.model_io`; the
 batch size ``B`` and every table's ``N_t`` are dynamic axes, so one file
 serves any batch. The sparse rows are *inputs*, not weights: the server
 pulls them from the same tables at request time, so a version stays
@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from feature_store import model_io
 from feature_store.features.columns import MultiValued
 from feature_store.features.schema import FeatureSchema
-from feature_store.registry import Manifest, ModelRegistry
+from feature_store.models import model_io
+from feature_store.models.registry import Manifest, ModelRegistry
 from trainer.model import Heads, WideDeep
 
 ONNX_EXPORT_LOCK = threading.Lock()

@@ -54,16 +54,16 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
 
-from feature_store import tracing
 from feature_store.errors import BackendUnavailable, Conflict
 from feature_store.event_types import of_types
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer, Position
 from feature_store.events import Event
 from feature_store.features.values import FeatureValues
 from feature_store.heads import HEADS
-from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
-from feature_store.runtime import Resources
-from feature_store.timeseries import MetricsSeries
+from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
+from feature_store.ops.timeseries import MetricsSeries
+from feature_store.runtime import tracing
+from feature_store.runtime.resources import Resources
 from trainer.checkpoint import DEDUPE_FILE, DENSE_FILE, SHOWN_FILE, STATE_FILE, Checkpointer
 from trainer.dedupe import DedupeWindow, id_hash
 from trainer.distributed import open_group_sync

@@ -54,7 +54,7 @@ import numpy.typing as npt
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from feature_store.heads import HEAD_NAMES, HEADS, PRIMARY
-from feature_store.quality import log_loss, mean_abs_error, roc_auc, spearman
+from feature_store.models.quality import log_loss, mean_abs_error, roc_auc, spearman
 
 Floats = npt.NDArray[np.float64]
 

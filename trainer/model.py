@@ -1,8 +1,8 @@
 """The Wide&Deep network over temporary embedding matrices.
 
 One module serves training and export: :meth:`WideDeep.forward` takes
-exactly the inputs named in :mod:`feature_store.model_io`, positionally and
-in :func:`~feature_store.model_io.input_names` order, and returns the score
+exactly the inputs named in :mod:`feature_store.models.model_io`, positionally and
+in :func:`~feature_store.models.model_io.input_names` order, and returns the score
 (the ``engagement`` head); :meth:`WideDeep.logits` is the same computation
 before the sigmoid, which training uses for a numerically stable loss.
 

@@ -2,7 +2,7 @@
 
 The composition root hands both to the evaluation (``app.wiring.eval_trainers``),
 so ``app.evaluation`` never imports ``trainer``; what they return
-(:mod:`feature_store.scored`) is in the contract both sides build on.
+(:mod:`feature_store.models.scored`) is in the contract both sides build on.
 
 :class:`OnlineReplay` is the real online trainer (:class:`~trainer.loop.OnlineTrainer`:
 dedupe, label joiner, features from the stores' pre-batch state, step,
@@ -35,9 +35,9 @@ from feature_store.activity.base import ActivityStore
 from feature_store.events import Event
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.values import FeatureValues
-from feature_store.quality import roc_auc
-from feature_store.runtime import Resources
-from feature_store.scored import OfflineResult, ScoredSamples
+from feature_store.models.quality import roc_auc
+from feature_store.models.scored import OfflineResult, ScoredSamples
+from feature_store.runtime.resources import Resources
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.loop import OnlineTrainer
 from trainer.model import WideDeep

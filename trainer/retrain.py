@@ -3,7 +3,7 @@
 An operator picks a time; :class:`RetrainManager` (started with the control
 listener, in whichever process runs the live trainer) builds a second
 trainer with the same factory over a copy of the live
-:class:`~feature_store.runtime.Resources` in which:
+:class:`~feature_store.runtime.resources.Resources` in which:
 
 - the sparse tables live under another ``sparse.model_name`` (the family
   id, ``r<UTC yyyymmddHHMMSS>``), so the two families never share a row;
@@ -29,7 +29,7 @@ it. It is not checkpointed across a restart of the trainer process: a retrain
 is a one-off run; start it again after a restart.
 
 Serving: the family's tables are registered with the process's
-:class:`~feature_store.runtime.Families` when it starts, so a service in this
+:class:`~feature_store.runtime.resources.Families` when it starts, so a service in this
 process can serve (after an operator's promotion) a version of the family
 against them; a Redis service in another process opens them under the
 family's ``model_name`` itself. Stopping a family stops its trainer but keeps
@@ -46,16 +46,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from feature_store.activity.memory import MemoryActivity
-from feature_store.control import Command
 from feature_store.errors import Conflict, InvalidInput, NotFound
-from feature_store.runtime import Resources, table_specs
+from feature_store.ops.control import Command
+from feature_store.ops.timeseries import open_timeseries
+from feature_store.runtime.resources import Resources, table_specs
 from feature_store.sparse import open_table
-from feature_store.timeseries import open_timeseries
 from trainer.control import TrainerHandle
 
 if TYPE_CHECKING:
     from feature_store.eventlog.base import EventConsumer, EventLog
-    from feature_store.timeseries import MetricsSeries
+    from feature_store.ops.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The two-tower retrieval model, trained online beside the ranker.
 
 Each tower pools its columns' rows from the ``tt_*`` sparse tables
-(:mod:`feature_store.retrieval_io`), runs a small MLP and L2-normalises: the
+(:mod:`feature_store.models.retrieval_io`), runs a small MLP and L2-normalises: the
 affinity of a user and a video is the cosine of their vectors. Training is
 an in-batch softmax over the step's positives (each user's chosen video is
 its positive, the other users' chosen videos its negatives), at
@@ -44,7 +44,7 @@ from feature_store.event_types import of_types
 from feature_store.features.batch import BatchFeatures
 from feature_store.features.columns import MultiValued
 from feature_store.features.values import FeatureValues, ValueLayout
-from feature_store.retrieval_io import EmbeddedColumn, Towers, tower_table
+from feature_store.models.retrieval_io import EmbeddedColumn, Towers, tower_table
 from feature_store.settings import RetrievalSettings
 from feature_store.sparse.base import SparseTable
 from feature_store.sparse.steps import pull_many, push_many
@@ -78,7 +78,7 @@ class Tower(nn.Module):
         )
 
     def pool(self, tables: Sequence[Tensor], indices: dict[str, Tensor]) -> Tensor:
-        """``(B, width)``: the pooling of :func:`feature_store.retrieval_io.pool`, in torch."""
+        """``(B, width)``: :func:`feature_store.models.retrieval_io.pool`, in torch."""
         parts: list[Tensor] = []
         for name, table, multi, mean in self.columns:
             rows = tables[table]

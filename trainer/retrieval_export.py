@@ -1,4 +1,4 @@
-"""Writing the towers into a registry version (see :mod:`feature_store.retrieval_io`).
+"""Writing the towers into a registry version (see :mod:`feature_store.models.retrieval_io`).
 
 At each export: the user tower's MLP to ONNX (the service pools the rows
 itself, so the graph takes the pooled vector and stays tiny), and every
@@ -22,7 +22,7 @@ from feature_store.catalog.base import Video
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import FeatureSchema
-from feature_store.retrieval_io import (
+from feature_store.models.retrieval_io import (
     POOLED,
     USER_TOWER_FILE,
     VECTOR,

@@ -84,11 +84,11 @@ from feature_store.events import Event
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.sources import SOURCES
+from feature_store.models.registry import family_of
 from feature_store.recommendation_ids import logged_response
-from feature_store.registry import family_of
+from feature_store.runtime.worker import Worker
 from feature_store.served import ServedRecord
 from feature_store.settings import ServedLogSettings
-from feature_store.worker import Worker
 from trainer.labels import merge_context
 
 log = logging.getLogger(__name__)

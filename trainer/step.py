@@ -99,7 +99,7 @@ def to_inputs(
     wide_rows: npt.NDArray[np.float32],
     requires_grad: bool = False,
 ) -> list[Tensor]:
-    """Model inputs in :func:`feature_store.model_io.input_names` order."""
+    """Model inputs in :func:`feature_store.models.model_io.input_names` order."""
     tensors = [
         torch.from_numpy(np.ascontiguousarray(table_rows[t], dtype=np.float32)).requires_grad_(
             requires_grad

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -60,7 +61,7 @@ async def readyz(request: Request) -> JSONResponse:
     posts), so a pod stays in rotation: taking every pod out would turn a
     degraded answer into no answer. What is down is in the body
     (``degraded``, ``checks``) and in ``vidrec_dependency_up``. The states
-    are the circuit breakers' (:mod:`feature_store.breaker`): reading them
+    are the circuit breakers' (:mod:`feature_store.runtime.breaker`): reading them
     touches no backend, so this answers at once whatever the dependencies do.
     """
     service: Service | None = getattr(request.app.state, "service", None)
@@ -78,7 +79,8 @@ async def readyz(request: Request) -> JSONResponse:
         else f"no model loaded ({service.holder.last_error or 'no active version in the registry'})"
     )
     degraded = model is None or any(s["state"] != "up" for s in states.values())
-    body = {"ready": True, "degraded": degraded, "checks": checks, "dependencies": states}
+    body = {"ready": True, "degraded": degraded, "checks": checks, "dependencies": states,
+            "process": os.getpid()}
     return JSONResponse(body, 200)
 
 

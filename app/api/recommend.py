@@ -8,7 +8,7 @@ popular list (``fallback_reason: "deadline"``). The loop itself never
 scores, so ``/healthz``, refusals and other requests never wait behind a
 scoring, nor behind a backend call that hangs (up to
 ``redis.socket_timeout_s``; after the first, the Redis client's circuit
-breaker, :mod:`feature_store.breaker`, fails every call in microseconds
+breaker, :mod:`feature_store.runtime.breaker`, fails every call in microseconds
 until Redis answers a background PING). One thread, as the loop was before:
 a worker scores one request at a time and scales by processes (a pool of
 threads trading the GIL served fewer: docs/benchmarks.md).

@@ -5,7 +5,7 @@ a hot swap holds no thread. An id names one action (409 on reuse with another
 request), and at most ``dashboard.max_pending_actions`` wait at once (429).
 
 Trainer actions (export, pause, resume, retrain, retrain_stop) go over the
-control channel (:mod:`feature_store.control`) and end with the trainer's
+control channel (:mod:`feature_store.ops.control`) and end with the trainer's
 final acknowledgement, or ``timeout`` when none came within
 ``dashboard.ack_timeout_s`` (no trainer listening, or it is stuck). An
 export that activated its version ends once this service serves it
@@ -35,11 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.dashboard.access import Operator
 from app.dashboard.audit import AuditLog
 from app.service import Service
-from feature_store.control import LIVE, Ack, ControlChannel
-from feature_store.control import Command as ControlCommand
 from feature_store.errors import Conflict, TooManyRequests, VidrecError
 from feature_store.events import JsonInt
-from feature_store.registry import VERSION_NAME, Manifest
+from feature_store.models.registry import VERSION_NAME, Manifest
+from feature_store.ops.control import LIVE, Ack, ControlChannel
+from feature_store.ops.control import Command as ControlCommand
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from feature_store.errors import StoreUnavailable
 from feature_store.redis_errors import redis_errors
 
 if TYPE_CHECKING:
-    from feature_store.runtime import Resources
+    from feature_store.runtime.resources import Resources
 
 Entry = dict[str, Any]
 

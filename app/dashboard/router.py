@@ -54,9 +54,9 @@ from app.dashboard.experiments import (
 from app.dashboard.sampling import Sampler
 from app.openapi import errors
 from app.service import Service
-from feature_store.control import ControlChannel
 from feature_store.errors import BackendUnavailable, NotFound
-from feature_store.timeseries import MetricsSeries
+from feature_store.ops.control import ControlChannel
+from feature_store.ops.timeseries import MetricsSeries
 
 _STATIC = {"dashboard.css": "text/css", "dashboard.js": "text/javascript", "charts.js":
            "text/javascript", "favicon.svg": "image/svg+xml"}

@@ -27,9 +27,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from feature_store.runtime.worker import periodic
 from feature_store.settings import DashboardSettings
 from feature_store.sparse.base import SparseTable
-from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from app.schemas import RecommendRequest
 from app.scoring.onnx_model import index_status
 from app.service import Service
 from feature_store.heads import HEADS
+from feature_store.ops.timeseries import MetricsSeries
 from feature_store.settings import DashboardSettings
-from feature_store.timeseries import MetricsSeries
 
 HEAD_FIGURES = [
     {"name": h.name, "about": h.about, "metric": h.metric, "figures": list(h.figures())}
@@ -279,7 +279,7 @@ def retrains(
         return out
     if resources.settings.stores.backend != "redis":
         return out
-    from feature_store.timeseries import open_timeseries
+    from feature_store.ops.timeseries import open_timeseries
 
     for entry in started:
         result = entry.get("result") or {}

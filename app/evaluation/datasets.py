@@ -63,7 +63,7 @@ from feature_store.event_files import file_format, read_events, time_shift
 from feature_store.events import Event, EventType
 
 if TYPE_CHECKING:
-    from feature_store.runtime import Resources
+    from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 

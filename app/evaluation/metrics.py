@@ -1,6 +1,6 @@
 """Quality figures computed on aligned arrays of scores and labels.
 
-AUC and logloss are :mod:`feature_store.quality`'s, the trainer's own.
+AUC and logloss are :mod:`feature_store.models.quality`'s, the trainer's own.
 Ranking figures take one held-back relevant item per query, so recall@k is
 the hit rate and NDCG@k is ``1 / log2(rank + 1)`` when the item ranks within k.
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from feature_store.quality import roc_auc
+from feature_store.models.quality import roc_auc
 
 Floats = npt.NDArray[np.float64]
 

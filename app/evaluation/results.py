@@ -28,8 +28,8 @@ import numpy.typing as npt
 from app.evaluation import baselines, factorization
 from app.evaluation.metrics import Floats, moments, rank_in, rank_of, recall_ndcg, windows
 from app.evaluation.stream import Split, Stream
-from feature_store.quality import log_loss, roc_auc
-from feature_store.scored import OfflineResult, ScoredSamples
+from feature_store.models.quality import log_loss, roc_auc
+from feature_store.models.scored import OfflineResult, ScoredSamples
 from feature_store.settings import Settings
 
 if TYPE_CHECKING:

@@ -102,8 +102,8 @@ from app.signal_feed import POLL_RECORDS, SignalFeed, feed_group
 from feature_store.errors import ConfigurationError
 from feature_store.event_types import valued
 from feature_store.events import Event, EventContext
-from feature_store.runtime import Resources, open_resources
-from feature_store.scored import OfflineResult, ScoredSamples
+from feature_store.models.scored import OfflineResult, ScoredSamples
+from feature_store.runtime.resources import Resources, open_resources
 from feature_store.settings import ApiSettings, Settings
 
 log = logging.getLogger(__name__)

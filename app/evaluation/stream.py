@@ -31,7 +31,7 @@ from feature_store.catalog.base import Video
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.event_files import Rejected, read_events, read_videos
 from feature_store.events import Event, EventContext
-from feature_store.scored import ScoredSamples
+from feature_store.models.scored import ScoredSamples
 from feature_store.settings import EventLimits
 
 Format = Literal["auto", "movielens", "csv", "parquet"]

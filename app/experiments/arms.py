@@ -44,9 +44,9 @@ from feature_store.experiments import (
     salt_bytes,
     thresholds,
 )
-from feature_store.registry import ModelRegistry
+from feature_store.models.registry import ModelRegistry
+from feature_store.runtime.worker import periodic
 from feature_store.served import ServedArm
-from feature_store.worker import periodic
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from feature_store.atomic import atomic_text
 from feature_store.constants import EXPERIMENT_FEED
 from feature_store.errors import StoreUnavailable
 from feature_store.redis_errors import redis_errors
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 
 State = dict[str, Any]
 

@@ -42,14 +42,14 @@ import xxhash
 
 from app.experiments.checkpoints import FeedCheckpoints
 from app.experiments.tally import ArmTag, PartitionTally
-from feature_store import tracing
 from feature_store.errors import VidrecError
 from feature_store.eventlog.base import ConsumedEvent, ConsumedRecord, EventConsumer, Position
 from feature_store.experiments import ExperimentStore
 from feature_store.recommendation_ids import logged_response
-from feature_store.runtime import Resources
+from feature_store.runtime import tracing
+from feature_store.runtime.resources import Resources
+from feature_store.runtime.worker import Worker
 from feature_store.served import ServedRecord
-from feature_store.worker import Worker
 
 log = logging.getLogger(__name__)
 

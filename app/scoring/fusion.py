@@ -36,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from feature_store.heads import PRIMARY
-from feature_store.model_io import HEADS
+from feature_store.models.model_io import HEADS
 
 Floats = npt.NDArray[np.float32]
 

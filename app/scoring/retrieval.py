@@ -4,7 +4,7 @@ Loaded with a model version (:attr:`app.scoring.onnx_model.LoadedModel.retrieval
 None when the version has no towers, which then serves without the
 ``embedding`` source). Per request: the user columns' keys (the same
 extractor code as the ranker's features), one pull per tower table, numpy
-pooling (:func:`feature_store.retrieval_io.pool`), one run of the user
+pooling (:func:`feature_store.models.retrieval_io.pool`), one run of the user
 tower's ONNX graph; then the video vectors are searched.
 
 The search is :class:`app.candidates.ann_rebuild.LiveIndex` over the
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from app.cache import RowReader
 from app.candidates.ann_rebuild import LiveIndex
 from feature_store.activity.base import HistoryEntry
 from feature_store.errors import VidrecError
@@ -35,8 +36,8 @@ from feature_store.events import EventContext
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import FeatureSchema
-from feature_store.registry import Manifest, ModelRegistry
-from feature_store.retrieval_io import (
+from feature_store.models.registry import Manifest, ModelRegistry
+from feature_store.models.retrieval_io import (
     MANIFEST_KEY,
     POOLED,
     USER_TOWER_FILE,
@@ -51,8 +52,8 @@ from feature_store.settings import AnnSettings, RetrievalSettings
 
 log = logging.getLogger(__name__)
 
-Pull = Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]]
-"""Reads rows of a sparse table by name (the scorer's or the model family's reader)."""
+Pull = RowReader
+"""Reads rows of sparse tables by name (the scorer's or the model family's reader)."""
 
 
 class RetrievalModel:
@@ -145,7 +146,8 @@ def user_inputs(
     """The user tower's input for ``rows``, ``(len(rows), width)``: each user column's tower
     rows pulled and pooled (what a request feeds the tower; ``vidrec export-vectors`` too)."""
     batch = extractor.extract(list(rows))
-    pulled = {table: pull(tower_table(table), keys) for table, keys in batch.table_keys.items()}
+    read = pull.many({tower_table(table): keys for table, keys in batch.table_keys.items()})
+    pulled = {table: read[tower_table(table)] for table in batch.table_keys}
     return pool(towers.user, batch, pulled)
 
 

@@ -4,7 +4,7 @@ Per request: the candidates' features are extracted in one vectorised pass
 (:mod:`app.scoring.features`); each embedding table's *unique* keys, and the
 wide keys, are pulled once (weights only, ``train=False``: an unknown key is
 a zero row) into the temporary embedding matrices the model takes as inputs;
-:func:`feature_store.model_io.build_feed` assembles the feed; the batch is
+:func:`feature_store.models.model_io.build_feed` assembles the feed; the batch is
 padded to its warmed bucket and scored by one ``session.run``, which gives
 every ranking head; :mod:`app.scoring.fusion` turns them into the one score
 per candidate the scorer returns (``api.ranking_weights``, or the request's
@@ -16,21 +16,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from app.cache import RowReader
 from app.candidates.retrieval import CandidateFilter
 from app.scoring.features import RequestFeatureExtractor
 from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
-from app.scoring.onnx_model import LoadedModel, pad_batch
+from app.scoring.onnx_model import LoadedModel, pad_batch, stack_batches
 from app.scoring.video_table import VideoSource
-from feature_store import model_io
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
 from feature_store.features.extract import BatchFeatures, Indices
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
+from feature_store.models import model_io
 from feature_store.sparse.base import SparseTable
 
 StageObserver = Callable[[str, float], None]
@@ -46,6 +48,17 @@ _EVERY_HEAD = Fusion.of({h: 1.0 for h in model_io.HEADS})
 """A fusion that reads every output (the warm-up runs them all)."""
 
 
+class Scored(NamedTuple):
+    """What :meth:`Scorer.score_rows` gives for one request."""
+
+    scores: npt.NDArray[np.float32]
+    """The served (fused) score per row, for the user."""
+    anonymous: npt.NDArray[np.float32] | None
+    """Per ``anonymous_rows`` row, the score for an anonymous user (None: none asked)."""
+    features: BatchFeatures | None
+    """The user's rows' features (None for no rows): what the served log records."""
+
+
 class Scorer:
     """Scores (user, candidates) with a :class:`LoadedModel`. Thread-safe."""
 
@@ -54,7 +67,7 @@ class Scorer:
         schema: FeatureSchema,
         tables: Mapping[str, SparseTable],
         observe: StageObserver | None = None,
-        pull: Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]] | None = None,
+        pull: RowReader | None = None,
         videos: VideoSource | None = None,
         fusion: Fusion = ENGAGEMENT_ONLY,
     ) -> None:
@@ -65,8 +78,8 @@ class Scorer:
         """Where :meth:`select` reads candidates' records and counters."""
         self.tables = tables
         self.observe = observe or (lambda stage, seconds: None)
-        self._pull = pull or (lambda table, keys: self.tables[table].pull(keys, train=False))
-        """Row reader: the tables directly, or the service's short-TTL cache."""
+        self._pull = pull or RowReader(tables, None)
+        """Row reader: the tables directly, or through the service's short-TTL cache."""
         self._local = threading.local()
 
     @property
@@ -88,23 +101,21 @@ class Scorer:
     ) -> BatchFeatures:
         return self.extractor.extract_request(user_id, ts_ms, context, history, videos, stats)
 
-    def row_reader(
-        self, model: LoadedModel | None = None
-    ) -> Callable[[str, npt.NDArray[np.uint64]], npt.NDArray[np.float32]]:
+    def row_reader(self, model: LoadedModel | None = None) -> RowReader:
         """The row reader of ``model``'s family's tables (else this scorer's tables)."""
         return model.pull if model is not None and model.pull is not None else self._pull
 
     def pull(
         self, batch: BatchFeatures, model: LoadedModel | None = None
     ) -> tuple[dict[str, npt.NDArray[np.float32]], npt.NDArray[np.float32]]:
-        """Weights of the batch's unique keys: one pull per table, plus the wide table.
+        """Weights of the batch's unique keys: every table's and the wide table's, read
+        together (:meth:`RowReader.many`: one round trip to Redis for them all).
 
         Read from ``model``'s family's tables when it names them, else from
         this scorer's tables.
         """
-        pull = self.row_reader(model)
-        rows = {table: pull(table, keys) for table, keys in batch.table_keys.items()}
-        wide = pull(WIDE_TABLE, batch.wide_keys)
+        rows = self.row_reader(model).many({**batch.table_keys, WIDE_TABLE: batch.wide_keys})
+        wide = rows.pop(WIDE_TABLE)
         return rows, wide
 
     def run(
@@ -157,16 +168,28 @@ class Scorer:
         rows: Indices,
         fusion: Fusion | None = None,
         heads: dict[str, npt.NDArray[np.float32]] | None = None,
-    ) -> tuple[npt.NDArray[np.float32], BatchFeatures | None]:
+        anonymous_rows: Indices | None = None,
+    ) -> Scored:
         """:meth:`score` for rows of this thread's video table (from :meth:`select`), with
         the features scored (None for no rows), which the served log records. ``fusion``:
         the request's weights over the heads (an experiment arm's), else the scorer's.
-        ``heads``: filled with every head's prediction, from the same run."""
+        ``heads``: filled with every head's prediction, from the same run.
+        ``anonymous_rows``: also scored for an anonymous user (:meth:`anonymous_scores`),
+        in the same pull and ONNX run (see :func:`stack_batches`)."""
         if not len(rows):
-            return np.zeros(0, dtype=np.float32), None
+            return Scored(np.zeros(0, dtype=np.float32), None, None)
         t0 = time.perf_counter()
-        batch = self.extractor.extract_rows(user_id, ts_ms, context, history, rows)
-        return self._pull_and_run(model, batch, t0, fusion, heads=heads), batch
+        extractor = self.extractor
+        batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
+        if anonymous_rows is None or not len(anonymous_rows):
+            return Scored(self._pull_and_run(model, batch, t0, fusion, heads=heads), None, batch)
+        reference = extractor.extract_rows(ANONYMOUS, ts_ms, context, (), anonymous_rows)
+        both = stack_batches(self.schema, batch, reference)
+        every: dict[str, npt.NDArray[np.float32]] | None = {} if heads is not None else None
+        scores = self._pull_and_run(model, both, t0, fusion, heads=every)
+        if heads is not None and every is not None:
+            heads.update({h: p[: len(rows)] for h, p in every.items()})
+        return Scored(scores[: len(rows)], scores[len(rows) :], batch)
 
     def anonymous_scores(
         self,

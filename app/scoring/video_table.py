@@ -69,7 +69,9 @@ class VideoSource:
     """Where a :class:`VideoTable` reads videos and counters, and how long copies are good."""
 
     get_videos: Callable[[Sequence[str]], list[Video | None]]
-    get_stats: Callable[[Sequence[str]], list[VideoStats]]
+    get_stats: Callable[[Sequence[str]], npt.NDArray[np.float64]]
+    """Counters of ids as a matrix (``STAT_FIELDS`` columns, e.g.
+    :meth:`~feature_store.activity.base.ActivityStore.video_stats_matrix`)."""
     record_ttl_s: float
     """How long catalog fields are reused (infinity when a change log covers them)."""
     stats_ttl_s: float
@@ -93,7 +95,7 @@ def video_source(
     stats_log: ChangeLog | None = getattr(activity, "stats_changes", None)
     return VideoSource(
         get_videos=catalog.get_many,
-        get_stats=activity.video_stats,
+        get_stats=activity.video_stats_matrix,
         record_ttl_s=math.inf if record_log is not None else record_ttl_s,
         stats_ttl_s=math.inf if stats_log is not None else stats_ttl_s,
         record_logs=tuple(log for log in (record_log, forgotten) if log is not None),
@@ -261,10 +263,16 @@ class VideoTable:
 
     def _set_stats(self, rows: Indices, stats: Sequence[VideoStats]) -> None:
         """Store counters for ``rows`` and recompute the dense values derived from them."""
-        matrix = stats_matrix(stats)
-        self.stats[rows] = matrix
+        self._set_stats_matrix(rows, stats_matrix(stats))
         for row, s in zip(rows.tolist(), stats, strict=True):
             self.stats_of[row] = s
+
+    def _set_stats_matrix(self, rows: Indices, matrix: npt.NDArray[np.float64]) -> None:
+        """:meth:`_set_stats` from a counters matrix (``STAT_FIELDS`` columns); the rows'
+        counters objects become unknown (:meth:`set_stats` then compares by value)."""
+        self.stats[rows] = matrix
+        for row in rows.tolist():
+            self.stats_of[row] = None
         if self.n_dense:
             self.dense[rows] = self.derive(self.numbers[rows], matrix)
 
@@ -339,8 +347,8 @@ class VideoTable:
         due = present[self.stats_until[present] < now]
         if len(due):
             due = np.unique(due)  # an id given twice is read once
-            stats = source.get_stats([self.videos[row].video_id for row in due.tolist()])
-            self._set_stats(due, stats)
+            matrix = source.get_stats([self.videos[row].video_id for row in due.tolist()])
+            self._set_stats_matrix(due, matrix)
             self.stats_until[due] = now + source.stats_ttl_s
         return rows
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from feature_store.catalog.base import Video
@@ -121,6 +123,12 @@ class ActivityStore(Protocol):
 
     def video_stats(self, video_ids: Sequence[str]) -> list[VideoStats]:
         """Counters in the order asked; zeros for unknown videos; one round trip."""
+        ...
+
+    def video_stats_matrix(self, video_ids: Sequence[str]) -> npt.NDArray[np.float64]:
+        """:meth:`video_stats` as a ``(len(video_ids), len(STAT_FIELDS))`` matrix
+        (:data:`~feature_store.features.dense.STAT_FIELDS` columns): serving's read of a
+        request's 500 candidates, without an object per video."""
         ...
 
     def snapshot(self, directory: Path) -> None: ...

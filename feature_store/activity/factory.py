@@ -25,7 +25,7 @@ def open_activity(
 
     ``redis_client`` (required for ``redis``) stays the caller's, who closes
     it after closing the store. ``data_dir`` is where the embedded store's
-    snapshots live; the owner (:class:`feature_store.runtime.Resources`)
+    snapshots live; the owner (:class:`feature_store.runtime.resources.Resources`)
     snapshots and restores it there, so opening reads nothing from disk and
     the parameter only keeps the factories' signatures alike.
     """

@@ -17,6 +17,9 @@ from itertools import repeat
 from pathlib import Path
 from types import TracebackType
 
+import numpy as np
+import numpy.typing as npt
+
 from feature_store.activity import rules
 from feature_store.activity.base import NO_STATS, HistoryEntry, VideoStats
 from feature_store.atomic import atomic_text
@@ -24,6 +27,7 @@ from feature_store.catalog.base import Video
 from feature_store.changelog import ChangeLog
 from feature_store.errors import InvalidInput, NotFound
 from feature_store.events import Event
+from feature_store.features.dense import stats_matrix
 from feature_store.settings import FeatureSettings
 
 SNAPSHOT_FILE = "activity.jsonl"
@@ -168,6 +172,9 @@ class MemoryActivity:
         with self._lock:
             # C-level map: 500 ids per recommend request.
             return list(map(self._stats.get, video_ids, repeat(NO_STATS, len(video_ids))))
+
+    def video_stats_matrix(self, video_ids: Sequence[str]) -> npt.NDArray[np.float64]:
+        return stats_matrix(self.video_stats(video_ids))
 
     def snapshot(self, directory: Path) -> None:
         """Write every history and counter to ``directory`` (atomic replace).

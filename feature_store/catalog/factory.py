@@ -22,7 +22,7 @@ def open_catalog(
     ``redis_client`` (required for ``redis``) stays the caller's: one client
     per process is shared by every store, and whoever opened it closes it
     after closing the store. ``data_dir`` is where the embedded catalog's
-    snapshots live; the owner (:class:`feature_store.runtime.Resources`)
+    snapshots live; the owner (:class:`feature_store.runtime.resources.Resources`)
     snapshots and restores it there (opening reads nothing from disk), and
     the catalog journals each write there (fsynced before it is answered).
     """

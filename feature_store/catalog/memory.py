@@ -81,7 +81,7 @@ class MemoryCatalog:
     serving's per-video arrays follow (:mod:`feature_store.changelog`).
 
     Persistence is driven by the owner (``Resources.snapshot`` / ``restore``
-    in :mod:`feature_store.runtime`), not by :meth:`close`, so a snapshot is
+    in :mod:`feature_store.runtime.resources`), not by :meth:`close`, so a snapshot is
     written once per shutdown. Given a ``journal_dir`` (the embedded data
     directory's ``catalog/``), every write is also fsynced to a journal
     before it is applied (:mod:`feature_store.catalog.journal`), so what an

@@ -32,7 +32,7 @@ Shared semantics (the same tests run against each backend):
 - With tracing on, a produce made inside a trace gives its records a
   ``traceparent`` header (Kafka record headers; the in-process log keeps
   them in memory beside the record) and consumers hand them on
-  (``ConsumedRecord.headers``): :mod:`feature_store.tracing`.
+  (``ConsumedRecord.headers``): :mod:`feature_store.runtime.tracing`.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class ConsumedRecord(Generic[T]):
     """Time the log stored the record, ms since epoch."""
     headers: Sequence[tuple[str, bytes]] | None = None
     """The record's headers when it has any: the trace context of the request that
-    produced it (:mod:`feature_store.tracing`), when tracing is on."""
+    produced it (:mod:`feature_store.runtime.tracing`), when tracing is on."""
 
 
 ConsumedEvent = ConsumedRecord[Event]

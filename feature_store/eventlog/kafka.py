@@ -52,8 +52,6 @@ from kafka.errors import (
 )
 from kafka.structs import OffsetAndMetadata
 
-from feature_store import tracing
-from feature_store.breaker import Breaker
 from feature_store.constants import DLQ_GROUP_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER
 from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog.base import (
@@ -65,8 +63,10 @@ from feature_store.eventlog.base import (
 )
 from feature_store.eventlog.codec import BadRecord, source_of
 from feature_store.eventlog.streams import StreamSpec, stream_spec
+from feature_store.runtime import tracing
+from feature_store.runtime.breaker import Breaker
+from feature_store.runtime.worker import Worker
 from feature_store.settings import KafkaSettings, Settings
-from feature_store.worker import Worker
 
 DEAD_LETTER_PARTITIONS = 1
 """The dead-letter topic is low-volume; one partition keeps it in arrival order."""

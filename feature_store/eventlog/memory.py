@@ -40,7 +40,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from feature_store import tracing
 from feature_store.atomic import atomic_json
 from feature_store.errors import Conflict, EventLogUnavailable
 from feature_store.eventlog.base import (
@@ -60,6 +59,7 @@ from feature_store.eventlog.segments import (
     read_json,
 )
 from feature_store.eventlog.streams import StreamSpec, stream_spec
+from feature_store.runtime import tracing
 from feature_store.settings import Settings
 
 

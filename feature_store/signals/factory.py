@@ -14,7 +14,7 @@ from feature_store.signals.memory import MemorySignals
 from feature_store.signals.redis import RedisSignals
 
 if TYPE_CHECKING:
-    from feature_store.runtime import Resources
+    from feature_store.runtime.resources import Resources
 
 def signal_params(settings: Settings) -> SignalParams:
     api = settings.api

@@ -16,9 +16,9 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from feature_store.breaker import Breaker, BreakerBackoff, BreakerConnection, redis_probe
 from feature_store.errors import ConfigurationError, SparseTableUnavailable
 from feature_store.redis_errors import redis_errors
+from feature_store.runtime.breaker import Breaker, BreakerBackoff, BreakerConnection, redis_probe
 from feature_store.settings import RedisSettings, Settings
 from feature_store.sparse.base import SparseTable, TableSpec
 from feature_store.sparse.cluster import ClusterSparseTable

@@ -18,7 +18,7 @@ with warnings.catch_warnings():
 
 from app.main import create_app
 from feature_store.features.schema import FeatureSchema
-from feature_store.registry import ModelRegistry
+from feature_store.models.registry import ModelRegistry
 from feature_store.settings import Settings
 
 KEY = {"X-API-Key": "vidrec-dev-key"}

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from feature_store.control import (
+from feature_store.ops.control import (
     LIVE,
     Ack,
     Command,

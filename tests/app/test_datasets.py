@@ -11,7 +11,7 @@ import pytest
 
 from app.evaluation.datasets import Rating, movielens_events, rating_events, time_shift
 from feature_store.events import EventType
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 
 ML100K = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "ml-100k"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from app.demo import DemoTraffic
-from feature_store.synthetic import WorldConfig
+from feature_store.sim.world import WorldConfig
 from tests.app.conftest import publish_model, service_of, wait_for
 
 SMALL = WorldConfig(users=20, videos=60, creators=5, categories=4, seed=3)

@@ -23,8 +23,8 @@ from app.evaluation.results import MF_ROW, POOL_ROW, RANKER_ROW
 from app.evaluation.stream import load_stream, split_samples
 from app.wiring import eval_trainers
 from feature_store.errors import ConfigurationError, InvalidInput
-from feature_store.quality import roc_auc as auc
-from feature_store.scored import ScoredSamples
+from feature_store.models.quality import roc_auc as auc
+from feature_store.models.scored import ScoredSamples
 from feature_store.settings import EventLimits
 from tests.factories import write_movielens
 

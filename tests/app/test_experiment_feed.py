@@ -22,7 +22,7 @@ from app.experiments.feed import POLL_RECORDS, ExperimentFeed
 from app.experiments.tally import Totals, merged
 from feature_store.events import Event, EventContext
 from feature_store.experiments import ExperimentSpec, ExperimentStore
-from feature_store.runtime import Resources, open_resources
+from feature_store.runtime.resources import Resources, open_resources
 from feature_store.served import ServedArm, ServedItem, ServedRecord
 from tests.app.conftest import make_settings
 from tests.app.test_experiments import EXPERIMENT, hand_count

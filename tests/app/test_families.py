@@ -19,7 +19,7 @@ import pytest
 
 from app.main import create_app
 from feature_store.events import EventContext
-from feature_store.runtime import open_resources, table_specs
+from feature_store.runtime.resources import open_resources, table_specs
 from feature_store.settings import Settings
 from feature_store.sparse import open_table
 from feature_store.sparse.base import SparseTable

@@ -14,12 +14,12 @@ from fastapi.testclient import TestClient
 from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
 from app.scoring.onnx_model import load_model
 from app.scoring.scorer import Scorer
-from feature_store import model_io
 from feature_store.activity.base import VideoStats
 from feature_store.events import EventContext
 from feature_store.experiments import Arm
 from feature_store.features import default_schema
-from feature_store.registry import Manifest, ModelRegistry
+from feature_store.models import model_io
+from feature_store.models.registry import Manifest, ModelRegistry
 from feature_store.settings import ApiSettings
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
 from tests.app.test_model import zero_tables

@@ -16,7 +16,7 @@ from app.scoring.scorer import Scorer
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.events import EventContext
 from feature_store.features import FeatureExtractor, FeatureRow, default_schema
-from feature_store.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
+from feature_store.models.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
 from feature_store.settings import ApiSettings
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
 from tests.factories import make_video
@@ -98,11 +98,58 @@ def test_padding_to_a_bucket_does_not_change_scores(tmp_path: Path) -> None:
     padded = scorer.score(model, *args)  # 20 rows padded to 512
     batch = scorer.features(*args)
     rows, wide = scorer.pull(batch)
-    from feature_store import model_io
+    from feature_store.models import model_io
 
     exact = model.run(model_io.build_feed(SCHEMA, batch, rows, wide))
     np.testing.assert_allclose(padded, exact, rtol=1e-5)
     assert len(set(np.round(padded, 6).tolist())) > 1  # the videos' features matter
+
+
+def keyed_tables() -> dict[str, object]:
+    """Tables whose row of a key is a fixed function of the key (no two keys alike), so
+    that a row read through a wrong index changes the score."""
+
+    class Keyed:
+        def __init__(self, dim: int) -> None:
+            self.dim = dim
+
+        def pull(self, keys: np.ndarray, *, train: bool = False) -> np.ndarray:
+            phase = (keys % np.uint64(100_003)).astype(np.float64)[:, None]
+            return np.sin(phase * np.arange(1, self.dim + 1)).astype(np.float32)
+
+    dims = {**SCHEMA.table_dims(), "wide": 1}
+    return {name: Keyed(dim) for name, dim in dims.items()}
+
+
+@pytest.mark.parametrize("history_len", [0, 5])
+def test_anonymous_rows_scored_in_the_users_run_score_as_in_their_own(
+    tmp_path: Path, history_len: int
+) -> None:
+    registry = ModelRegistry(tmp_path)
+    version = publish_model(registry, SCHEMA, seed=4)
+    scorer = Scorer(SCHEMA, keyed_tables())  # type: ignore[arg-type]
+    model = load_model(registry, version, SCHEMA, "main", API, scorer.warm)
+    videos = [
+        make_video(video_id=f"s{i}", creator_id=f"c{i % 5}", category=f"k{i % 3}",
+                   tags=tuple(f"t{j}" for j in range(i % 4)))
+        for i in range(40)
+    ]
+    history = [HistoryEntry(video_id=f"s{i}", watch_ratio=0.7, ts=1) for i in range(history_len)]
+    ts, context = 1_700_000_000_000, EventContext(device="tv")
+    rows = scorer.extractor.table.rows_of(videos)
+    scorer.extractor.table.set_stats(rows, [VideoStats(plays=i) for i in range(40)])
+    anonymous_rows = rows[[1, 2, 3, 17, 39]]
+
+    together = scorer.score_rows(model, "u1", ts, context, history, rows,
+                                 anonymous_rows=anonymous_rows)
+    alone = scorer.score_rows(model, "u1", ts, context, history, rows)
+    reference = scorer.anonymous_scores(model, ts, context, anonymous_rows)
+
+    np.testing.assert_allclose(together.scores, alone.scores, rtol=1e-5)
+    assert together.anonymous is not None
+    np.testing.assert_allclose(together.anonymous, reference, rtol=1e-5)
+    assert not np.allclose(together.anonymous, together.scores[[1, 2, 3, 17, 39]])
+    assert together.features is not None and together.features.batch_size == 40
 
 
 def test_schema_or_family_mismatch_is_refused(tmp_path: Path) -> None:

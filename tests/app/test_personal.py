@@ -32,7 +32,7 @@ import redis
 
 from app.main import create_app
 from app.wiring import embedded_trainer
-from feature_store.synthetic import SyntheticWorld, WorldConfig
+from feature_store.sim.world import SyntheticWorld, WorldConfig
 from tests.app.conftest import KEY, make_settings, wait_for
 from tests.services import RedisServer, TansuBroker
 

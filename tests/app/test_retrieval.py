@@ -36,7 +36,7 @@ def _publish_with_towers(service: Any, videos: list[Video], steps: int = 30) -> 
     import torch
 
     from feature_store.features.schema import default_schema
-    from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
+    from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY, Towers
     from trainer.export import publish
     from trainer.labels import Sample
     from trainer.model import WideDeep
@@ -217,7 +217,7 @@ def test_history_query_searches_with_the_recent_watches_vectors() -> None:
     from app.candidates.ann_rebuild import LiveIndex
     from app.scoring.retrieval import RetrievalModel
     from feature_store.features.schema import default_schema
-    from feature_store.retrieval_io import Towers
+    from feature_store.models.retrieval_io import Towers
     from feature_store.settings import AnnSettings, RetrievalSettings
 
     towers = Towers.from_settings(default_schema(), RetrievalSettings(dim=2))

@@ -23,7 +23,7 @@ from app.main import create_app
 from app.signal_feed import SignalFeed, feed_group
 from feature_store.errors import StoreUnavailable
 from feature_store.events import Event
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.signals import serving_signals
 from feature_store.signals.feedback import serving_feedback
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for

@@ -19,7 +19,7 @@ import pytest
 
 from app.main import create_app
 from app.wiring import embedded_trainer
-from feature_store import tracing
+from feature_store.runtime import tracing
 from feature_store.settings import Settings
 from tests.app.conftest import KEY, TestClient, make_settings, publish_model, service_of, wait_for
 from tests.app.test_families import VIDEOS
@@ -125,7 +125,7 @@ import sys, time
 from fastapi.testclient import TestClient
 from app.main import create_app
 from feature_store.settings import Settings
-from feature_store import tracing
+from feature_store.runtime import tracing
 with TestClient(create_app(Settings(data_dir={str(tmp_path / 'd')!r}))) as client:
     client.post("/v1/events", headers={KEY!r}, json={{"events": [{{"event_id": "e", "user_id":
         "u", "video_id": "v", "type": "play", "watch_ms": 5, "ts": int(time.time() * 1000)}}]}})

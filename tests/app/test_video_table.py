@@ -16,6 +16,7 @@ from feature_store.catalog.base import Video
 from feature_store.catalog.memory import MemoryCatalog
 from feature_store.events import EventContext
 from feature_store.features import FeatureExtractor, FeatureRow, default_schema
+from feature_store.features.dense import stats_matrix
 from feature_store.settings import FeatureSettings
 from tests.factories import ManualClock, make_event, make_video
 from tests.feature_checks import assert_same_features
@@ -126,9 +127,9 @@ class CountingStore:
         self.asked_videos += len(ids)
         return [self.videos.get(i) for i in ids]
 
-    def video_stats(self, ids: Sequence[str]) -> list[VideoStats]:
+    def video_stats_matrix(self, ids: Sequence[str]) -> np.ndarray:
         self.asked_stats += len(ids)
-        return [self.stats.get(i, NO_STATS) for i in ids]
+        return stats_matrix([self.stats.get(i, NO_STATS) for i in ids])
 
 
 def test_without_change_logs_copies_expire_after_their_ttl() -> None:
@@ -147,7 +148,7 @@ def test_without_change_logs_copies_expire_after_their_ttl() -> None:
     clock.advance(0.15)
     rows = table.lookup(ids, source)
     assert (store.asked_videos, store.asked_stats) == (4, 8)  # counters re-read, records not yet
-    assert table.stats_of[rows[1]] == store.stats["r1"]
+    assert table.stats[rows[1]].tolist() == stats_matrix([store.stats["r1"]])[0].tolist()
     assert table.passing(rows, CandidateFilter()).all()  # the hide is not seen before its TTL
     clock.advance(0.2)
     rows = table.lookup(ids, source)

@@ -22,6 +22,7 @@ from feature_store.activity import (
 )
 from feature_store.constants import HISTORY
 from feature_store.errors import ConfigurationError, NotFound, StoreUnavailable
+from feature_store.features.dense import STAT_FIELDS, stats_matrix
 from feature_store.settings import Settings
 from tests.factories import BASE_TS, make_event, make_video
 from tests.services import free_port
@@ -250,6 +251,19 @@ def test_unknown_users_and_videos_read_as_empty(store: ActivityStore) -> None:
     assert store.video_stats(["unknown", "a"])[0] == VideoStats()
     assert store.video_stats(["unknown", "a"])[1].plays == 1
     assert store.video_stats([]) == []
+
+
+def test_counters_as_a_matrix_are_the_counters_objects(store: ActivityStore) -> None:
+    store.record([watch("a", 0.5, 1_000), watch("b", 1.0, 2_500), watch("a", 0.9, 3_000)])
+    ids = ["a", "unknown", "b", "a"]
+
+    got = store.video_stats_matrix(ids)
+
+    assert got.shape == (4, len(STAT_FIELDS))
+    assert got.tolist() == stats_matrix(store.video_stats(ids)).tolist()
+    assert got[0, STAT_FIELDS.index("last_ts")] == 3_000
+    assert not got[1].any()
+    assert store.video_stats_matrix([]).shape == (0, len(STAT_FIELDS))
 
 
 def test_a_batch_applies_in_ts_order_and_each_event_once(store: ActivityStore) -> None:

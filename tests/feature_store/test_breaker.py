@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from feature_store.breaker import Breaker, CircuitOpen, redis_breaker
 from feature_store.errors import StoreUnavailable
+from feature_store.runtime.breaker import Breaker, CircuitOpen, redis_breaker
 from feature_store.settings import RedisSettings, Settings
 from feature_store.sparse.factory import connect_redis
 from tests.app.conftest import wait_for

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from feature_store.log_summary import LogSummary
+from feature_store.runtime.log_summary import LogSummary
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from feature_store.errors import Conflict, NotFound
-from feature_store.registry import Manifest, ModelRegistry
+from feature_store.models.registry import Manifest, ModelRegistry
 
 
 def publish(registry: ModelRegistry, n: int, payload: bytes = b"onnx") -> str:

@@ -11,7 +11,7 @@ import pytest
 import feature_store.catalog
 import feature_store.eventlog
 from feature_store.errors import ConfigurationError
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 from tests.factories import make_event
 

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 
 from feature_store.events import EventType
-from feature_store.synthetic import SyntheticWorld, WorldConfig
+from feature_store.sim.world import SyntheticWorld, WorldConfig
 
 SMALL = WorldConfig(users=200, videos=500, creators=40, seed=7)
 
@@ -52,5 +52,5 @@ def test_catalog_is_valid_and_torch_free() -> None:
     videos = SyntheticWorld(SMALL).videos()
     assert len(videos) == 500 and all(v.duration_ms >= 8_000 for v in videos)
     # The serving process imports this module for --demo; it must not pull in torch.
-    code = "import sys, feature_store.synthetic; assert 'torch' not in sys.modules"
+    code = "import sys, feature_store.sim.world; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -10,7 +10,7 @@ import pytest
 
 from feature_store.errors import ConfigurationError
 from feature_store.features.keys import feature_key
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 
 VECTORS = """3 4

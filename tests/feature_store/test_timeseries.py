@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from feature_store.ops.timeseries import MemorySeries, MetricsSeries, RedisSeries, open_timeseries
 from feature_store.settings import Settings
-from feature_store.timeseries import MemorySeries, MetricsSeries, RedisSeries, open_timeseries
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from feature_store.worker import Worker, periodic
+from feature_store.runtime.worker import Worker, periodic
 
 
 def test_stop_wakes_a_waiting_loop_and_joins_it() -> None:

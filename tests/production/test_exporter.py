@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from feature_store.registry import ModelRegistry
+from feature_store.models.registry import ModelRegistry
 from tests.production.stack import (
     Production,
     TrainerProcess,

@@ -15,7 +15,7 @@ from torch import nn
 
 from feature_store.errors import ConfigurationError
 from feature_store.eventlog.base import ConsumedEvent
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 from tests.factories import ManualClock, make_event
 from tests.trainer.helpers import wait_until

@@ -40,10 +40,10 @@ with warnings.catch_warnings():
 from app.main import create_app
 from feature_store.constants import TRAINER_PROGRESS, TRAINER_STATUS
 from feature_store.features.schema import default_schema
-from feature_store.runtime import open_resources, table_specs
+from feature_store.runtime.resources import open_resources, table_specs
 from feature_store.settings import Settings
+from feature_store.sim.world import SyntheticWorld
 from feature_store.sparse import ClusterSparseTable, SparseTables, make_optimizer
-from feature_store.synthetic import SyntheticWorld
 from tests.app.conftest import serve_in_thread
 from tests.services import TansuBroker
 from tests.trainer.helpers import WORLD, produce, wait_for_count, wait_until

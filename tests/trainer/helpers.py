@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from feature_store.events import Event
-from feature_store.runtime import Resources
+from feature_store.runtime.resources import Resources
 from feature_store.settings import Settings
-from feature_store.synthetic import SyntheticWorld, WorldConfig
+from feature_store.sim.world import SyntheticWorld, WorldConfig
 
 WORLD = WorldConfig(users=1_000, videos=2_000, creators=150, seed=3)
 

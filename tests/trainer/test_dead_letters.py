@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 from tests.factories import make_event
 from tests.trainer.helpers import trainer_settings, wait_until

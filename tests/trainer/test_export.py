@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from feature_store.features.schema import default_schema
-from feature_store.registry import ModelRegistry
+from feature_store.models.registry import ModelRegistry
 from trainer import export as export_module
 from trainer.export import publish
 from trainer.model import WideDeep

@@ -12,7 +12,7 @@ from feature_store.experiments import Arm
 from feature_store.features.schema import default_schema
 from feature_store.features.values import layout_of
 from feature_store.heads import HEAD_NAMES, HEADS, PRIMARY, Outcome
-from feature_store.model_io import HEAD_OUTPUTS, OUTPUT_NAMES, SCORE
+from feature_store.models.model_io import HEAD_OUTPUTS, OUTPUT_NAMES, SCORE
 from feature_store.settings import ApiSettings, FeatureSettings, TrainerSettings
 from tests.factories import make_event
 from trainer.labels import Joiner, LabelPolicy, Moments

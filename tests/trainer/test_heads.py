@@ -20,7 +20,7 @@ import pytest
 
 from feature_store.catalog.base import Video
 from feature_store.events import Event, EventContext
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import FeatureSettings, Settings, TrainerSettings
 from tests.factories import BASE_TS, make_event
 from trainer.labels import Joiner, LabelPolicy, Moments, Sample
@@ -275,7 +275,7 @@ def test_the_engagement_head_starts_where_the_single_output_model_did() -> None:
 
 def test_each_head_counts_its_samples_and_the_export_records_them(tmp_path: Path) -> None:
     """Finishes only: the watch head never trains, and the version says so."""
-    from feature_store.registry import ModelRegistry
+    from feature_store.models.registry import ModelRegistry
 
     events, catalog = feed(lambda rng, v: (False, bool(rng.random() < 0.3), None), users=60)
     settings = Settings(data_dir=tmp_path, trainer={"batch_size": BATCH, "export_every_s": 0,

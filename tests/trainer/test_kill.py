@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from feature_store.runtime import open_resources
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
-from feature_store.synthetic import SyntheticWorld
+from feature_store.sim.world import SyntheticWorld
 from tests.trainer.helpers import PATIENT_PRODUCER_ENV, WORLD, seed, wait_for_count, wait_until
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from feature_store import model_io
 from feature_store.features.columns import MultiValued
 from feature_store.features.schema import default_schema
+from feature_store.models import model_io
 from trainer.export import example_inputs, export_onnx
 from trainer.model import WideDeep
 

@@ -10,8 +10,8 @@ import pytest
 from app.evaluation.datasets import movielens_events
 from app.evaluation.runner import ReplayHandle
 from app.wiring import eval_trainers
-from feature_store.quality import roc_auc
-from feature_store.runtime import open_resources
+from feature_store.models.quality import roc_auc
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 from tests.factories import write_movielens
 from trainer.offline import OnlineReplay, build_samples, train_offline

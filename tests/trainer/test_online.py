@@ -10,10 +10,10 @@ import torch
 from prometheus_client import generate_latest
 
 from feature_store.features.keys import feature_key
-from feature_store.runtime import open_resources
+from feature_store.ops.timeseries import MemorySeries
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import FeatureSettings
-from feature_store.synthetic import SyntheticWorld
-from feature_store.timeseries import MemorySeries
+from feature_store.sim.world import SyntheticWorld
 from tests.trainer.helpers import WORLD, seed, trainer_settings, wait_until
 from trainer.component import TrainerComponent
 from trainer.loop import OnlineTrainer

@@ -20,8 +20,8 @@ import pytest
 from feature_store.catalog.base import Video
 from feature_store.events import Event, EventContext
 from feature_store.features import default_schema
-from feature_store.quality import roc_auc
-from feature_store.runtime import open_resources
+from feature_store.models.quality import roc_auc
+from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 from tests.factories import BASE_TS
 from trainer.offline import OnlineReplay, build_samples

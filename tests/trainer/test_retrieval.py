@@ -14,8 +14,8 @@ from feature_store.events import EventType
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import default_schema
-from feature_store.retrieval_io import Towers, pool, tower_table
-from feature_store.runtime import table_specs
+from feature_store.models.retrieval_io import Towers, pool, tower_table
+from feature_store.runtime.resources import table_specs
 from feature_store.settings import RetrievalSettings, Settings
 from feature_store.sparse import open_table
 from tests.factories import BASE_TS, make_event
@@ -191,10 +191,10 @@ def test_unknown_tower_columns_name_the_setting() -> None:
 def test_loop_trains_exports_and_restores_the_towers(
     sparse: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from feature_store.registry import ModelRegistry
-    from feature_store.retrieval_io import ARTIFACTS, MANIFEST_KEY, VIDEO_IDS_FILE
-    from feature_store.runtime import open_resources
-    from feature_store.synthetic import SyntheticWorld
+    from feature_store.models.registry import ModelRegistry
+    from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY, VIDEO_IDS_FILE
+    from feature_store.runtime.resources import open_resources
+    from feature_store.sim.world import SyntheticWorld
     from tests.trainer.helpers import WORLD, seed, trainer_settings, wait_until
     from trainer.component import TrainerComponent
     from trainer.loop import OnlineTrainer

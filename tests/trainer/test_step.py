@@ -10,7 +10,7 @@ import torch
 from feature_store.errors import SparseTableUnavailable
 from feature_store.features.columns import FeatureRow
 from feature_store.features.schema import default_schema
-from feature_store.runtime import table_specs
+from feature_store.runtime.resources import table_specs
 from feature_store.settings import Settings
 from feature_store.sparse.memory import MemorySparseTable
 from trainer.model import WideDeep

@@ -14,7 +14,7 @@ from feature_store.signals.feedback.memory import MemoryFeedback
 from feature_store.signals.feedback.redis import RedisFeedback
 
 if TYPE_CHECKING:
-    from feature_store.runtime import Resources
+    from feature_store.runtime.resources import Resources
 
 def feedback_params(settings: Settings) -> FeedbackParams:
     r = settings.rerank

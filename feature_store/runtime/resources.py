@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from feature_store.breaker import redis_breaker
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema, default_schema
-from feature_store.registry import ModelRegistry
+from feature_store.models.registry import ModelRegistry
+from feature_store.runtime.breaker import redis_breaker
 from feature_store.settings import Settings
 
 if TYPE_CHECKING:
@@ -37,10 +37,10 @@ if TYPE_CHECKING:
 
     from feature_store.activity.base import ActivityStore
     from feature_store.catalog.base import CatalogStore
-    from feature_store.control import ControlChannel
     from feature_store.eventlog.base import EventLog
+    from feature_store.ops.control import ControlChannel
+    from feature_store.ops.timeseries import MetricsSeries
     from feature_store.sparse.base import SparseTable
-    from feature_store.timeseries import MetricsSeries
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Resources:
     tables: dict[str, SparseTable]
     """Embedding tables by name plus the wide table (``WIDE_TABLE``)."""
     control: ControlChannel
-    """The control channel (``feature_store.control``): embedded, the dashboard and the
+    """The control channel (``feature_store.ops.control``): embedded, the dashboard and the
     trainer's listener share this one object; with Redis stores, a client of the streams."""
     trainer_series: MetricsSeries
     """The metrics series and heartbeat of this process's trainer (``trainer.group_id``):
@@ -258,7 +258,7 @@ def _has_snapshot(directory: Path) -> bool:
 
 def table_specs(schema: FeatureSchema, settings: Settings) -> list[Any]:
     """Specs of every sparse table the schema needs."""
-    from feature_store.retrieval_io import Towers
+    from feature_store.models.retrieval_io import Towers
     from feature_store.sparse.base import TableSpec
 
     optimizer = settings.sparse.embedding_optimizer
@@ -279,7 +279,7 @@ def text_presets(
     if path is None:
         return {}
     from feature_store.features.text_vectors import presets, read_vectors
-    from feature_store.retrieval_io import tower_table
+    from feature_store.models.retrieval_io import tower_table
 
     words, vectors = read_vectors(path)
     out: dict[str, dict[int, Any]] = {}
@@ -326,10 +326,10 @@ def open_resources(
     """
     from feature_store.activity import open_activity
     from feature_store.catalog import open_catalog
-    from feature_store.control import open_control
     from feature_store.eventlog import open_event_log
+    from feature_store.ops.control import open_control
+    from feature_store.ops.timeseries import open_timeseries
     from feature_store.sparse import open_table
-    from feature_store.timeseries import open_timeseries
 
     schema = schema or default_schema(settings.features)
     if model_name is not None:

@@ -293,7 +293,7 @@ def _text(value: bytes | str) -> str:
 def open_control(settings: Settings, redis_client: redis.Redis | None = None) -> ControlChannel:
     """The channel ``settings.stores.backend`` picks; the caller closes it.
 
-    Opened once per process by :func:`feature_store.runtime.open_resources`:
+    Opened once per process by :func:`feature_store.runtime.resources.open_resources`:
     embedded, the API and the trainer get the same in-process object; with
     ``stores.backend = "redis"`` every process talks through Redis.
     """

@@ -1,0 +1,92 @@
+"""A Redis-backed recommend in-process: its wall time, CPU time and Redis reads.
+
+    python bench/bench_redis_reads.py [--requests 400]
+
+Prepares the serving bench's data (``bench_serving.prepare``) on a private
+redis-server, opens the service and calls ``Recommender.recommend`` in a
+loop: 500 given candidates, then retrieval requests. Per request: wall and
+thread CPU time (ms), and from Redis's ``INFO stats`` the commands and the
+reads it processed (a read is one connection's input handled once: about
+one round trip of one connection). Wall minus CPU is the time the request
+waited, mostly for Redis and, on a loaded machine, for a core after each
+reply (docs/benchmarks.md, "Serving speed (issue #24)"). Run it from the
+root of each tree to compare, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.getcwd())  # the tree under test, not necessarily this file's
+
+from bench.bench_serving import (  # noqa: E402
+    DISTINCT_REQUESTS,
+    bench_settings,
+    make_requests,
+    prepare,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400)
+    args = parser.parse_args()
+
+    import redis
+
+    from app.schemas import RecommendRequest
+    from app.service import open_service
+    from feature_store.runtime.resources import open_resources
+    from tests.services import RedisServer
+
+    server = RedisServer()
+    server.start()
+    try:
+        settings = bench_settings(Path(tempfile.mkdtemp(prefix="vidrec-reads-")), "redis",
+                                  server.url)
+        bodies = make_requests(DISTINCT_REQUESTS, 500)
+        prepare(settings, bodies)
+        client = redis.Redis.from_url(server.url)
+        given = [RecommendRequest.model_validate(b) for b in bodies]
+        retrieval = [RecommendRequest.model_validate(
+            {"user_id": b["user_id"], "count": 20, "context": b["context"]}) for b in bodies]
+        out: dict[str, Any] = {"load_1min_before": round(os.getloadavg()[0], 2)}
+        with open_resources(settings) as res, open_service(res) as service:
+            recommender = service.recommender
+            for request in given[:50]:
+                recommender.recommend(request)
+            for name, requests in (("given_candidates", given), ("retrieval", retrieval)):
+                before = client.info("stats")
+                wall, cpu = time.perf_counter(), time.thread_time()
+                for i in range(args.requests):
+                    recommender.recommend(requests[i % len(requests)])
+                wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                after = client.info("stats")
+                n = args.requests
+                out[name] = {
+                    "wall_ms": round(wall * 1000 / n, 2),
+                    "cpu_ms": round(cpu * 1000 / n, 2),
+                    "commands": round(
+                        (after["total_commands_processed"]
+                         - before["total_commands_processed"] - 1) / n, 1),
+                    "reads": round(
+                        (after["total_reads_processed"] - before["total_reads_processed"] - 1)
+                        / n, 1),
+                }
+        client.close()
+        out["load_1min_after"] = round(os.getloadavg()[0], 2)
+    finally:
+        server.stop()
+    print(json.dumps(out, indent=2))  # noqa: T201
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Operating a deployment: the control channel to trainers and the trainer's metrics time series."""

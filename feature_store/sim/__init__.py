@@ -1,0 +1,1 @@
+"""A simulated world with known tastes, for the demo, tests and benchmarks."""
