@@ -90,8 +90,9 @@ TRAINER_ENV = {
     "VIDREC_TRAINER__MAX_WAIT_MS": "50",
     "VIDREC_TRAINER__CHECKPOINT_EVERY_S": "0.5",
     "VIDREC_TRAINER__METRICS_EVERY_S": "0.2",
-    # An export (ONNX, then the API loads it) costs about a second of CPU: every 2 s it
-    # took a third of the run's CPU. The API needs one model; a few more show the lease.
+    # Every 2 s made some 40 versions in a 150 s run at load 12, each an ONNX export and
+    # a load by the API (about 0.8 s of CPU: docs/benchmarks.md, Evaluation at scale).
+    # The API needs one model.
     "VIDREC_TRAINER__EXPORT_EVERY_S": "0",
     "VIDREC_TRAINER__EXPORT_EVERY_BATCHES": "10",
     "VIDREC_TRAINER__THREADS": "1",
