@@ -224,7 +224,7 @@ def default_schema(features: FeatureSettings | None = None) -> FeatureSchema:
             *sequence_columns(history_len),
             Dot("user_dot_video", ("user", "video")),
             Dot("history_dot_video", ("history", "video")),
-            Dot("recent_dot_video", ("recent", "video")),
+            Dot("recent_dot_video", ("recent", "video"), initial_scale=0.1),
             Crossed("user_x_category", ("user", "category")),
             Crossed("user_x_creator", ("user", "creator")),
             Crossed("video_x_device", ("video", "device")),
