@@ -3,9 +3,10 @@
 No side effects at import time. The lifespan opens the storage
 (:func:`~feature_store.runtime.resources.open_resources`, unless the caller passes an
 already-open :class:`~feature_store.runtime.resources.Resources`, which it then leaves
-open), builds the service (:func:`app.service.open_service`), enters the
-optional *extensions* (the embedded trainer, the demo traffic) and closes
-everything in reverse order on shutdown.
+open), builds the service (:func:`app.service.open_service`, which opens the
+in-process trainer when the caller hands one in), enters the optional
+*extensions* (the demo traffic) and closes everything in reverse order on
+shutdown.
 
 Errors: every :class:`~feature_store.errors.VidrecError` becomes its
 ``http_status`` with ``{"error", "message", "field"?}``; FastAPI's request
@@ -37,7 +38,7 @@ from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
 from app.openapi import contract
-from app.service import Service, open_service
+from app.service import Service, TrainerOpener, open_service
 from feature_store.errors import InvalidInput, NotFound, VidrecError
 from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
 from feature_store.runtime import tracing
@@ -68,7 +69,7 @@ kept, 422 when none was, with each rejected item's index and field.
 """
 
 Extension = Callable[[Service], AbstractContextManager[Any]]
-"""Something to run beside the API for the app's lifetime (embedded trainer, demo)."""
+"""Something to run beside the API for the app's lifetime, given the service (the demo)."""
 
 
 def translate_validation_error(exc: RequestValidationError) -> InvalidInput:
@@ -171,6 +172,7 @@ def create_app(
     settings: Settings,
     *,
     resources: Resources | None = None,
+    trainer: TrainerOpener | None = None,
     extensions: Sequence[Extension] = (),
 ) -> FastAPI:
     """A new application for ``settings`` (see the module docstring)."""
@@ -184,7 +186,7 @@ def create_app(
             res = resources or stack.enter_context(
                 open_resources(settings, wait_for_event_log=False)
             )
-            service = stack.enter_context(open_service(res, metrics))
+            service = stack.enter_context(open_service(res, metrics, trainer))
             for extension in extensions:
                 stack.enter_context(extension(service))
             app.state.service = service

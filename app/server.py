@@ -39,6 +39,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from app.main import Extension, create_app
+from app.service import TrainerOpener
 from feature_store.errors import ConfigurationError
 from feature_store.runtime import tracing
 from feature_store.settings import Settings
@@ -67,9 +68,10 @@ def run_embedded(
     host: str,
     port: int,
     extensions: Sequence[Extension],
+    trainer: TrainerOpener | None = None,
     demo: bool = False,
 ) -> int:
-    """API + ``extensions`` (the composition root's trainer, demo) in one process.
+    """API + ``trainer`` + ``extensions`` (the composition root's, the demo) in one process.
 
     Runs until SIGINT/SIGTERM; ``demo`` only names the mode in the log line.
     """
@@ -81,7 +83,7 @@ def run_embedded(
         ", demo traffic on" if demo else "",
     )
     with tracing.configured(settings.tracing, "embedded"):
-        app = create_app(settings, extensions=list(extensions))
+        app = create_app(settings, trainer=trainer, extensions=list(extensions))
         return _serve(app, host, port, settings.api.switch_interval_ms)
 
 

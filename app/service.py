@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -89,6 +89,21 @@ class RetrainView(Protocol):
     def families(self) -> Mapping[str, RetrainFamilyView]: ...
 
 
+@dataclass(frozen=True)
+class InProcessTrainer:
+    """A trainer running in the service's process (``vidrec up``), as the service sees it."""
+
+    trainer: TrainerView
+    retrain: RetrainView | None = None
+    """Its retrain families."""
+
+
+TrainerOpener = Callable[[Resources, Metrics], AbstractContextManager[InProcessTrainer]]
+"""Opens (and on exit stops) a trainer in the service's process: handed to
+:func:`open_service` by the composition root (``app.wiring.embedded_trainer``), so the
+service never imports ``trainer``."""
+
+
 @dataclass
 class Service:
     """What the routes use; one per app, on ``app.state.service``."""
@@ -119,10 +134,11 @@ class Service:
     """The experiment metrics feed, when this process runs it (``experiments.metrics_feed``)."""
     experiment_checkpoints: FeedCheckpoints | None = None
     trainer: TrainerView | None = None
-    """The trainer running in this process (``vidrec up``), set by the composition root
-    while it runs; None when the trainer is a separate process (its heartbeat is read)."""
+    """The trainer running in this process (``vidrec up``), opened and stopped by
+    :func:`open_service`; None when the trainer is a separate process (its heartbeat is
+    read)."""
     retrain: RetrainView | None = None
-    """That trainer's retrain families, set with it."""
+    """That trainer's retrain families."""
     demo: DemoView | None = None
     """The demo's simulated users (``vidrec up --demo``), set while they run."""
     started_at: float = field(default_factory=time.time)
@@ -149,21 +165,30 @@ def _up_of(breaker: Breaker) -> Callable[[], float]:
 
 
 @contextmanager
-def open_service(resources: Resources, metrics: Metrics | None = None) -> Iterator[Service]:
+def open_service(
+    resources: Resources, metrics: Metrics | None = None, trainer: TrainerOpener | None = None
+) -> Iterator[Service]:
     """Build the service over ``resources``; load the active model; start background threads.
 
     The candidate signals and the feedback are the service's own: opened here
     (restored from the data directory in memory) and closed (snapshotted) after
-    every thread that writes them has stopped.
+    every thread that writes them has stopped. So are its feeds and, with
+    ``trainer``, the trainer of its process: opened last, stopped first.
     """
     with serving_signals(resources) as signals, serving_feedback(resources) as feedback:
-        with _open_service(resources, metrics or Metrics(), signals, feedback) as service:
+        with _open_service(
+            resources, metrics or Metrics(), signals, feedback, trainer
+        ) as service:
             yield service
 
 
 @contextmanager
 def _open_service(
-    resources: Resources, metrics: Metrics, signals: CandidateSignals, feedback: UserFeedback
+    resources: Resources,
+    metrics: Metrics,
+    signals: CandidateSignals,
+    feedback: UserFeedback,
+    trainer: TrainerOpener | None,
 ) -> Iterator[Service]:
     settings = resources.settings
     api = settings.api
@@ -250,29 +275,11 @@ def _open_service(
         ids=RecommendationIds.for_key(api.admin_key.get_secret_value()),
         log_summary=summary,
     )
-    service = Service(
-        resources=resources,
-        reads=reads,
-        signals=signals,
-        feedback=feedback,
-        metrics=metrics,
-        scorer=scorer,
-        holder=holder,
-        retriever=retriever,
-        popular=popular,
-        recommender=recommender,
-        validator=EventValidator(settings.limits),
-        log_summary=summary,
-        scoring=ScoringThread(),
-        experiments=experiments,
-        arms=arms,
-        experiment_checkpoints=open_checkpoints(resources),
-    )
-    for name, breaker in service.dependencies().items():
-        metrics.dependency_up.labels(name).set_function(_up_of(breaker))
+    checkpoints = open_checkpoints(resources)
     with ExitStack() as stack:
         stack.callback(summary.close)
-        stack.callback(service.scoring.close)
+        scoring = ScoringThread()
+        stack.callback(scoring.close)
         if served_log is not None:
             stack.enter_context(served_log)
         holder.start()
@@ -280,17 +287,44 @@ def _open_service(
         _start_configured(experiments, settings.experiments.configured)
         arms.start()
         stack.callback(arms.close)
+        experiment_feed = None
         if settings.experiments.metrics_feed and resources.served_log is not None:
-            assert service.experiment_checkpoints is not None
-            service.experiment_feed = stack.enter_context(
-                run_experiment_feed(resources, experiments, service.experiment_checkpoints)
+            assert checkpoints is not None
+            experiment_feed = stack.enter_context(
+                run_experiment_feed(resources, experiments, checkpoints)
             )
+        feed = None
         if api.signal_feed:
-            service.feed = stack.enter_context(run_signal_feed(resources, signals, feedback))
+            feed = stack.enter_context(run_signal_feed(resources, signals, feedback))
         popular.maybe_refresh()
         refresher = PopularRefresher(popular)
         refresher.start()
         stack.callback(refresher.close)
+        in_process = None if trainer is None else stack.enter_context(trainer(resources, metrics))
+        service = Service(
+            resources=resources,
+            reads=reads,
+            signals=signals,
+            feedback=feedback,
+            metrics=metrics,
+            scorer=scorer,
+            holder=holder,
+            retriever=retriever,
+            popular=popular,
+            recommender=recommender,
+            validator=EventValidator(settings.limits),
+            log_summary=summary,
+            scoring=scoring,
+            feed=feed,
+            experiments=experiments,
+            arms=arms,
+            experiment_feed=experiment_feed,
+            experiment_checkpoints=checkpoints,
+            trainer=None if in_process is None else in_process.trainer,
+            retrain=None if in_process is None else in_process.retrain,
+        )
+        for name, breaker in service.dependencies().items():
+            metrics.dependency_up.labels(name).set_function(_up_of(breaker))
         model = holder.current
         log.info(
             "service ready to take requests: model %s on %s",

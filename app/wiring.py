@@ -6,8 +6,9 @@ and ``trainer`` builds on ``feature_store`` alone. It imports ``trainer``
 (and so torch) only inside the functions that need a trainer, so ``vidrec
 serve`` never loads torch.
 
-- ``vidrec up``: :func:`run_up`, the API with :func:`embedded_trainer` (and
-  the demo traffic) as lifespan extensions, all on one set of resources.
+- ``vidrec up``: :func:`run_up`, the API with :func:`embedded_trainer` (which
+  the service opens and stops) and the demo traffic (a lifespan extension),
+  all on one set of resources.
 - ``vidrec train``: :func:`run_train`, the trainer alone on its own resources.
 - ``vidrec eval``: :func:`run_eval`, the evaluation with :func:`eval_trainers`
   (the online trainer driven in the caller's thread, and offline epochs).
@@ -27,43 +28,43 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from app.main import Extension
-from app.service import Service
+from app.metrics import Metrics
+from app.service import InProcessTrainer
+from feature_store.runtime.resources import Resources
 from feature_store.settings import Settings
 
 if TYPE_CHECKING:
     from app.evaluation.runner import EvalTrainers
-    from trainer.component import TrainerComponent
 
 log = logging.getLogger(__name__)
 
 @contextmanager
-def embedded_trainer(service: Service) -> Iterator[TrainerComponent]:
-    """The online trainer, training in a background thread of the service's process."""
+def embedded_trainer(resources: Resources, metrics: Metrics) -> Iterator[InProcessTrainer]:
+    """The online trainer, training in a background thread of the service's process, with
+    its control listener and retrain families; :func:`app.service.open_service` opens it
+    (``create_app(settings, trainer=embedded_trainer)``) and stops it first on exit."""
     from trainer.component import TrainerComponent
     from trainer.control import ControlListener
     from trainer.retrain import RetrainManager
 
-    trainer = TrainerComponent(service.resources)
-    service.trainer = trainer
+    trainer = TrainerComponent(resources)
     trainer.start()
     log.info("embedded trainer started")
-    retrainer = RetrainManager(TrainerComponent, service.resources)
-    service.retrain = retrainer
-    listener = ControlListener(service.resources.control, trainer, retrainer=retrainer)
+    retrainer = RetrainManager(TrainerComponent, resources)
+    listener = ControlListener(resources.control, trainer, retrainer=retrainer)
     listener.start()
     try:
-        with service.metrics.including(trainer.metrics_registry):  # vidrec_trainer_* on /metrics
-            yield trainer
+        with metrics.including(trainer.metrics_registry):  # vidrec_trainer_* on /metrics
+            yield InProcessTrainer(trainer, retrainer)
     finally:
         listener.close()  # closes the retrainer too
-        service.retrain = None
         trainer.stop()
-        service.trainer = None
 
 
 def embedded_extensions(demo: bool) -> list[Extension]:
-    """What ``vidrec up`` runs inside the API's lifespan: the trainer, and the demo's users."""
-    extensions: list[Extension] = [embedded_trainer]
+    """What ``vidrec up`` runs inside the API's lifespan beside the service (and its
+    :func:`embedded_trainer`): the demo's users with ``--demo``."""
+    extensions: list[Extension] = []
     if demo:
         from app.demo import demo_traffic
 
@@ -79,7 +80,9 @@ def run_up(settings: Settings, host: str, port: int, demo: bool = False) -> int:
         from app.demo import demo_settings
 
         settings = demo_settings(settings)
-    return run_embedded(settings, host, port, embedded_extensions(demo), demo=demo)
+    return run_embedded(
+        settings, host, port, embedded_extensions(demo), trainer=embedded_trainer, demo=demo
+    )
 
 
 def run_train(settings: Settings) -> int:

@@ -141,7 +141,7 @@ def _prefill(tables: dict[str, Any], rows: int) -> None:
 
 
 def _moments(trainer: Any, chunk: list[Any], lookup: Any, positions: list[int]) -> Any:
-    return trainer.moments([chunk[i] for i in positions], lookup)
+    return trainer.stages.join.moments([chunk[i] for i in positions], lookup)
 
 
 def floor_rate(settings: Settings, world: SyntheticWorld, events: list[Any], batch: int,
@@ -151,23 +151,24 @@ def floor_rate(settings: Settings, world: SyntheticWorld, events: list[Any], bat
                         ) as resources:
         resources.catalog.upsert(world.videos())
         trainer = OnlineTrainer(resources)
+        ranker = trainer.stages.rank.ranker
         prepared = []
         chunks = [events[i : i + batch] for i in range(0, len(events), batch)][:repeats + 10]
         for chunk in chunks:
             partitions = [0] * len(chunk)
             lookup = Lookup(resources.catalog, chunk)
-            samples = trainer.joiner.observe(
+            samples = trainer.stages.join.joiner.observe(
                 chunk, partitions, lookup.durations,
                 partial(_moments, trainer, chunk, lookup),
             )
             if samples:
-                rows = labelled_rows(samples, trainer.trainer.extractor.layout)
+                rows = labelled_rows(samples, ranker.extractor.layout)
                 feats = rows.values.to_batch()
-                tables, wide = trainer.trainer.pull(feats, train=True)
+                tables, wide = ranker.pull(feats, train=True)
                 prepared.append((len(chunk), feats, tables, wide, rows.labels, rows.weights))
             resources.activity.record(chunk, lookup.videos)
         prepared = prepared[-repeats:]
-        model, optimizer, schema = trainer.model, trainer.trainer.optimizer, trainer.schema
+        model, optimizer, schema = trainer.model, ranker.optimizer, trainer.schema
         tensors = [(n, to_inputs(schema, f, t, w, requires_grad=True),
                     torch.from_numpy(y), torch.from_numpy(wt))
                    for n, f, t, w, y, wt in prepared]

@@ -68,3 +68,13 @@ if [ "$have_hash" != "$hash" ] || [ "$have_ort" != "$ort" ] \
   .venv/bin/pip install -q --no-compile "${VIDREC_TORCH:-torch==2.13.0}" -e ".[$extras]"
   echo "$hash $ort $install" > "$stamp"
 fi
+# --no-compile counts on Python caching the bytecode of what it imports. Where
+# PYTHONDONTWRITEBYTECODE is set (some sandboxes and CI images), nothing is cached and
+# every process compiles every module it imports again: a `vidrec train` start took
+# 8.5-11 s of CPU instead of 3.6-4.0 (torch, sympy and torch._dynamo compiled each
+# time), and the test suite starts dozens of `vidrec` processes (docs/benchmarks.md,
+# *Test suite*). The cache goes under .venv (ignored; nothing beside the sources).
+if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
+  unset PYTHONDONTWRITEBYTECODE
+  export PYTHONPYCACHEPREFIX="$ROOT/.venv/pycache"
+fi

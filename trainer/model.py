@@ -85,7 +85,7 @@ class WideDeep(nn.Module):
         deep_in += sum(block.out_dim for block in self.blocks) + self.n_dense
         self.dots = [(position[d.columns[0]], position[d.columns[1]]) for d in schema.dots]
         """Per :class:`~feature_store.features.columns.Dot`: the positions of its columns."""
-        self.dot_scale = nn.Parameter(torch.ones(len(self.dots)))
+        self.dot_scale = nn.Parameter(torch.tensor([d.initial_scale for d in schema.dots]))
         layers: list[nn.Module] = []
         width = deep_in
         for h in hidden:

@@ -5,11 +5,12 @@ so ``app.evaluation`` never imports ``trainer``; what they return
 (:mod:`feature_store.models.scored`) is in the contract both sides build on.
 
 :class:`OnlineReplay` is the real online trainer (:class:`~trainer.loop.OnlineTrainer`:
-dedupe, label joiner, features from the stores' pre-batch state, step,
-activity record) consuming the event log in the caller's thread instead of
-its own, so an evaluation can interleave training with requests to the
-service at known moments. Each step's pre-update scores come back through
-the loop's ``on_scored`` hook: prequential (test-then-train) by construction.
+its stages: dedupe, label joiner, features from the stores' pre-batch
+state, step, activity record, towers; the idle batch too) consuming the
+event log in the caller's thread instead of its own, so an evaluation can
+interleave training with requests to the service at known moments. Each
+step's pre-update scores come back through the loop's ``on_scored`` hook:
+prequential (test-then-train) by construction.
 
 :func:`train_offline` is the comparison a batch pipeline would make: the same
 samples (same label policy, same features as they stood at each event's
@@ -42,6 +43,7 @@ from trainer.labels import Joiner, LabelPolicy, Moments, Sample
 from trainer.loop import OnlineTrainer
 from trainer.model import WideDeep
 from trainer.samples import Lookup, featurise, labelled_rows
+from trainer.stages.base import Batch
 from trainer.step import Trainer
 
 log = logging.getLogger(__name__)
@@ -65,7 +67,13 @@ class OnlineReplay:
     """:class:`OnlineTrainer` driven from the caller's thread; see the module doc.
 
     Consumes ``resources.event_log`` with the trainer's own consumer group,
-    ``trainer.batch_size`` events per step, until the log is drained.
+    ``trainer.batch_size`` events per step, until the log is drained; then,
+    as the loop does when a poll finds nothing, runs an idle batch (the
+    same stages) that resolves the impressions older than the join window.
+    The replay's clock is event time, not the wall clock (a replay of last
+    year's log would otherwise time out every impression still waiting for
+    its response at each drain): ``now_ms`` of :meth:`drain`, by default the
+    newest event drained.
     """
 
     def __init__(self, resources: Resources) -> None:
@@ -74,18 +82,24 @@ class OnlineReplay:
         self.loop.restore()
         self.consumer = resources.event_log.consumer(self.loop.cfg.group_id)
         self.batch_size = self.loop.cfg.batch_size
+        self._newest_ms = 0
+        """Event time (ms) of the newest event drained: the replay's clock."""
 
     def _collect(self, samples: list[Sample], scores: np.ndarray) -> None:
         self._parts.append(_scored(samples, scores))
 
-    def drain(self) -> ScoredSamples:
+    def drain(self, now_ms: int | None = None) -> ScoredSamples:
+        """Train every event in the log, then the idle batch at ``now_ms`` (default: the
+        newest event's time); the samples trained, scored before training."""
         gc_before = gc.get_threshold()
         if self.loop.cfg.gc_threshold:
             gc.set_threshold(self.loop.cfg.gc_threshold, 20, 100)
         try:
             while records := self.consumer.poll(self.batch_size, 0.0):
-                self.loop.train_records(records)
+                self._newest_ms = max(self._newest_ms, max(r.event.ts for r in records))
+                self.loop.train(Batch(records))
                 self.consumer.commit()
+            self.loop.train(Batch.idle(self._newest_ms if now_ms is None else now_ms))
         finally:
             gc.set_threshold(*gc_before)
         out, self._parts = ScoredSamples.concat(self._parts), []
@@ -98,10 +112,10 @@ class OnlineReplay:
         return self.loop.metrics.head_window()
 
     def close(self) -> None:
-        self.consumer.close()
-        self.loop.trainer.close()
-        if self.loop.served is not None:
-            self.loop.served.close()
+        try:
+            self.consumer.close()
+        finally:
+            self.loop.close()
 
 
 def build_samples(
@@ -112,7 +126,8 @@ def build_samples(
     Same joiner and label policy, same point-in-time values (the pre-batch
     store state of each batch of ``batch_size`` events, at the moment each
     video was shown), recorded into ``resources.training_activity`` (which must start
-    empty) after each batch, as the loop does. Values are packed rows (about
+    empty) after each batch, as the loop does; the impressions still pending at
+    the end time out, as in the evaluation's last drain. Values are packed rows (about
     0.4 KB a sample), not row objects, so a long stream fits in memory.
     ``engagement_only`` leaves out the samples with no engagement label (an
     ambiguous play, a sample for the watch head only): the offline harness
@@ -130,6 +145,8 @@ def build_samples(
         moments = partial(_moments, extractor, chunk, lookup, resources.training_activity)
         samples += joiner.observe(chunk, [0] * len(chunk), lookup.durations, moments)
         resources.training_activity.record(chunk, lookup.videos)
+    if events:  # the end of the stream: what still waits times out, as in the replay's last drain
+        samples += joiner.flush_idle(events[-1].ts + cfg.join_window_ms + 1)
     if engagement_only:
         samples = [s for s in samples if s.label == s.label]
     return samples, labelled_rows(samples, extractor.layout).values

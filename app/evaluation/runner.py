@@ -113,8 +113,10 @@ log = logging.getLogger(__name__)
 class ReplayHandle(typing.Protocol):  # ``Protocol`` here names the eval protocols
     """The online trainer consuming the event log in the caller's thread."""
 
-    def drain(self) -> ScoredSamples:
-        """Train on every event produced so far; the samples trained, scored before training."""
+    def drain(self, now_ms: int | None = None) -> ScoredSamples:
+        """Train on every event produced so far, then resolve (as an idle stream does) the
+        impressions older than the join window at ``now_ms``, event time (default: the
+        newest event's); the samples trained, scored before training."""
         ...
 
     def export(self) -> str:
@@ -364,6 +366,7 @@ class _Online:
                         self.since_export = 0
                     self._ask(service, query)
                 self._advance(len(self.events), replay, feed, consumer)
+                self._finish(replay)
                 self.heads = replay.heads()
             finally:
                 consumer.close()
@@ -383,6 +386,16 @@ class _Online:
             self.since_export += end - self.position
             self.progress.update(end - self.position)
             self.position = end
+
+    def _finish(self, replay: ReplayHandle) -> None:
+        """The end of the stream: the impressions still waiting for a response time out
+        (an idle spell of one join window), and train, as they would online."""
+        if not self.events:
+            return
+        window_ms = self.resources.settings.trainer.join_window_ms
+        scored = replay.drain(now_ms=self.events[-1].ts + window_ms + 1)
+        self.parts.append(scored)
+        self.weighted += int((scored.weights > 0).sum())
 
     def _ask(self, service: Any, query: Query) -> None:
         self.now_s = query.ts / 1000.0

@@ -282,6 +282,9 @@ class Dot:
 
     name: str
     columns: tuple[str, str]
+    initial_scale: float = 1.0
+    """The learnt scale's starting value: below 1 for a term that is noise until its rows
+    have trained (a large early dot makes the first predictions overconfident)."""
 
 
 Column = Categorical | MultiValued | Crossed | Dense | Attention | Dot

@@ -74,7 +74,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         tmp_path_factory.mktemp("client") / "data",
         trainer={"export_every_s": 0, "max_wait_ms": 50, "batch_size": 64},
     )
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     wrapper = LoseAnswers(app)
     with serve_in_thread(wrapper) as url:
         service = app.state.service

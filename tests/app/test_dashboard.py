@@ -22,7 +22,7 @@ from app.candidates.sources import SOURCE_NAMES
 from app.dashboard.audit import FileAuditLog, RedisAuditLog, recent
 from app.dashboard.sampling import quantile
 from app.main import create_app
-from app.wiring import embedded_extensions
+from app.wiring import embedded_extensions, embedded_trainer
 from feature_store.settings import Settings
 from tests.app.conftest import make_settings, publish_model, service_of, wait_for
 
@@ -52,7 +52,9 @@ def dashboard_settings(data_dir: Path, **overrides: Any) -> Settings:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     """The embedded service, trainer and demo traffic, shared by this module's tests."""
     settings = dashboard_settings(tmp_path_factory.mktemp("dash") / "data")
-    with TestClient(create_app(settings, extensions=embedded_extensions(demo=True))) as client:
+    with TestClient(create_app(
+        settings, trainer=embedded_trainer, extensions=embedded_extensions(demo=True)
+    )) as client:
         yield client
 
 

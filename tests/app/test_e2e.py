@@ -112,7 +112,7 @@ def test_events_train_a_new_version_that_shifts_recommendations(
         kafka={"bootstrap_servers": kafka_broker.bootstrap, "partitions": 2},
         trainer={"export_every_s": 0, "max_wait_ms": 50, "batch_size": 256},
     )
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as http:
         now = int(time.time() * 1000)
         put = http.put("/v1/videos", json={"videos": catalog(now)}, headers=KEY)

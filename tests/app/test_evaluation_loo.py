@@ -126,9 +126,9 @@ def test_loo_feed_has_one_timed_out_negative_per_replayed_view(loo: EvalResult) 
     replayed_views = 40 * 12 - 40  # the held-out last views are never produced
     # a finish, its impression and one unwatched impression per replayed view
     assert loo.events == 3 * replayed_views
-    # the finish (positive) and the timeout (negative); the last page's negative is still
-    # within its join window when the log ends, so it never becomes a sample
-    assert loo.samples == 2 * replayed_views - 1
+    # the finish (positive) and the timeout (negative); the last page's negative, still
+    # within its join window when the log ends, times out at the end of the replay
+    assert loo.samples == 2 * replayed_views
     assert loo.positive_rate == pytest.approx(0.5, abs=0.01)
 
 
@@ -400,7 +400,7 @@ def test_loo_without_a_catalog_ranks_videos_known_by_id(
 def test_a_log_from_1996_is_shifted_not_dropped(tmp_path: Path) -> None:
     events, catalog = write_positive_log(tmp_path, users=16, videos=60, views=8, t0=OLD_T0)
     got = evaluate(_config(events, catalog=catalog, negatives=1, queries=4), eval_trainers())
-    assert got.samples == 2 * 16 * 8 - 1  # the last negative never times out
+    assert got.samples == 2 * 16 * 8  # the last negative times out at the end
     assert got.shift_days > 365 * 3
     assert np.isfinite(got.models[0].auc_test)
     assert "shifted by +" in text_table(got)
@@ -415,7 +415,7 @@ def test_bad_rows_are_reported_and_the_good_ones_kept(tmp_path: Path) -> None:
     path = _write_csv(tmp_path / "bad.csv", rows)  # type: ignore[arg-type]
     got = evaluate(_config(path, negatives=1), eval_trainers())
     assert got.rejected_rows == 3
-    assert got.samples == 2 * (8 * 6 - 3) - 1
+    assert got.samples == 2 * (8 * 6 - 3)
     assert any("bad.csv:4: type:" in e for e in got.rejected_examples)  # line 4: header + 3
     assert any(": ts:" in e for e in got.rejected_examples)
     assert any(": user_id:" in e for e in got.rejected_examples)

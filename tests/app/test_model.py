@@ -16,6 +16,7 @@ from app.scoring.scorer import Scorer
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.events import EventContext
 from feature_store.features import FeatureExtractor, FeatureRow, default_schema
+from feature_store.features.schema import RECENT_VIEWS
 from feature_store.models.registry import MANIFEST_FILE, MODEL_FILE, ModelRegistry
 from feature_store.settings import ApiSettings
 from tests.app.conftest import KEY, publish_model, service_of, wait_for
@@ -80,9 +81,10 @@ def test_request_features_equal_the_generic_extractor(history_len: int) -> None:
         assert len(want.table_keys["creator"]) == creators
         assert len(got.table_keys["tags"]) == len(want.table_keys["tags"]) == 8
         # ... but video ids are not: a history video that is also a candidate is pulled twice.
-        # (the history's videos twice: the pooled history and the attended sequence)
+        # (the history's videos twice, the pooled history and the attended sequence, and
+        # the newest of them once more, the ``recent`` column)
         kept = min(history_len, SCHEMA.history_len)
-        assert len(got.table_keys["video"]) == 37 + 2 * kept
+        assert len(got.table_keys["video"]) == 37 + 2 * kept + min(kept, RECENT_VIEWS)
         assert len(got.wide_keys) == len(want.wide_keys)
 
 

@@ -86,7 +86,7 @@ def deployment(
         kafka={"bootstrap_servers": kafka_broker.bootstrap, "partitions": 2},
         trainer={"export_every_s": 0, "max_wait_ms": 50, "batch_size": 256},
     )
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with serve_in_thread(app) as url:
         yield Deployment(url, app, data_dir, env)
 

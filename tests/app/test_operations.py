@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
-from app.wiring import embedded_extensions
+from app.wiring import embedded_extensions, embedded_trainer
 from feature_store.models.registry import family_of
 from tests.app.conftest import serve_in_thread, wait_for
 from tests.app.test_dashboard import dashboard_settings
@@ -31,7 +31,9 @@ ADMIN = {"X-API-Key": "vidrec-dev-key", "X-Operator": "ops"}
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     """``vidrec up --demo`` on a real socket, shared by this module's tests."""
     settings = dashboard_settings(tmp_path_factory.mktemp("up") / "data")
-    app = create_app(settings, extensions=embedded_extensions(demo=True))
+    app = create_app(
+        settings, trainer=embedded_trainer, extensions=embedded_extensions(demo=True)
+    )
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as http:
         yield http
 
@@ -103,7 +105,9 @@ def test_rollback_after_an_experiments_retrain_arm_won_serves_main_again(
     """A retrain family wins an experiment and its trainer's exports follow; Roll back
     undoes the promotion: main is served again, and the retrain's exports stay out."""
     settings = dashboard_settings(tmp_path / "data", trainer={"export_every_s": 1.0})
-    app = create_app(settings, extensions=embedded_extensions(demo=True))
+    app = create_app(
+        settings, trainer=embedded_trainer, extensions=embedded_extensions(demo=True)
+    )
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=60) as http:
 
         def models() -> dict[str, Any]:

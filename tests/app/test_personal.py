@@ -98,7 +98,7 @@ def trained(
         trainer={"export_every_s": 0, "max_wait_ms": 50},
         **_backend(request.param, request),
     )
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with TestClient(app) as client:
         service = client.app.state.service  # type: ignore[attr-defined]
         videos = [v.model_dump() for v in world.videos()]

@@ -39,7 +39,7 @@ def test_impressions_with_a_recommendation_id_train_on_what_was_served(tmp_path:
     settings = make_settings(
         tmp_path / "data", trainer={"export_every_s": 0, "max_wait_ms": 20, "join_window_ms": 500}
     )
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with TestClient(app) as client:
         now = int(time.time() * 1000)
         client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
@@ -73,7 +73,7 @@ def test_impressions_with_a_recommendation_id_train_on_what_was_served(tmp_path:
 
 def test_recommend_answers_when_the_served_log_is_down(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "data")
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with TestClient(app) as client:
         now = int(time.time() * 1000)
         client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
@@ -94,7 +94,7 @@ def test_recommend_answers_when_the_served_log_is_down(tmp_path: Path) -> None:
 
 def test_a_full_queue_drops_records_instead_of_waiting(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "data", served_log={"queue_records": 1})
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     with TestClient(app) as client:
         now = int(time.time() * 1000)
         client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)

@@ -33,7 +33,7 @@ def _common(figures: dict[str, object]) -> None:
 
 
 def test_redis_stopped_under_load_degrades_fast_and_recovers(tmp_path: Path) -> None:
-    figures = redis_figures(redis_outage(tmp_path, outage_s=5))
+    figures = redis_figures(redis_outage(tmp_path, outage_s=3, before_s=2))
     print(figures)
     _common(figures)
     assert figures["posts_503"] == 0, "Kafka was up: every event post must be accepted"
@@ -44,9 +44,12 @@ def test_redis_stopped_under_load_degrades_fast_and_recovers(tmp_path: Path) -> 
 
 
 def test_broker_killed_three_times_loses_no_acknowledged_event(tmp_path: Path) -> None:
-    run = broker_restarts(tmp_path, runs=3, events=3000, outage_s=4, posts_per_s=10)
+    # 1,500 events a run (30 posts of 50): the kill comes after 10 posts, 20 are sent
+    # around the outage and after the restart. The count is not the point; an outage
+    # seen by the client (503s) and every acknowledged event trained once are.
+    run = broker_restarts(tmp_path, runs=3, events=1500, outage_s=3, posts_per_s=10)
     figures = broker_figures(run)
     print(figures)
     _common(figures)
     assert figures["posts_503"] > 0, "the outage was not seen by the client"
-    assert [run["acked"] for run in figures["per_run"]] == [3000, 3000, 3000]  # type: ignore[attr-defined]
+    assert [run["acked"] for run in figures["per_run"]] == [1500, 1500, 1500]  # type: ignore[attr-defined]

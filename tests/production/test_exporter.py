@@ -97,7 +97,7 @@ def test_one_member_exports_and_the_other_takes_over_when_it_dies(
         names = {_member(first): "first", _member(second): "second"}
         registry = ModelRegistry(prod.registry)
         with Plays(prod.url, videos, per_s=5, batch=20), ActiveWatch(registry) as watch:
-            wait_until(lambda: first.trained() and second.trained(), 120, "both training")
+            wait_until(lambda: first.trained() and second.trained(), 240, "both training")
             wait_until(lambda: len(watch.seen) >= 4, 120, "several versions active in turn")
             assert len(watch.exporters) == 1, watch.exporters
             leader = first if names[watch.exporters[0]] == "first" else second

@@ -19,7 +19,14 @@ import httpx
 import pytest
 
 from feature_store.constants import TRAINING_HISTORY
-from tests.production.stack import KEY, Production, production_env, seed_catalog, wait_until
+from tests.production.stack import (
+    KEY,
+    Production,
+    post,
+    production_env,
+    seed_catalog,
+    wait_until,
+)
 from tests.services import TansuBroker
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.slow]
@@ -33,9 +40,12 @@ def _recommended(http: httpx.Client, user: str) -> list[str]:
 
 
 def _watch(http: httpx.Client, user: str, video: str, n: int) -> None:
+    """Post one play, resent after a 503's ``Retry-After`` as a client does (the service
+    answers 503 until it has connected to the broker, and while a send outlasts its
+    budget on a loaded machine)."""
     play = {"event_id": f"{user}-{n}", "user_id": user, "video_id": video, "type": "play",
             "ts": int(time.time() * 1000), "watch_ms": 50_000, "duration_ms": 60_000}
-    assert http.post("/v1/events", json={"events": [play]}, headers=KEY).status_code == 200
+    post(http, [play])
 
 
 def _served_history(http: httpx.Client, user: str) -> list[str]:

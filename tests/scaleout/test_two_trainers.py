@@ -46,12 +46,18 @@ from feature_store.sim.world import SyntheticWorld
 from feature_store.sparse import ClusterSparseTable, SparseTables, make_optimizer
 from tests.app.conftest import serve_in_thread
 from tests.services import TansuBroker
-from tests.trainer.helpers import WORLD, wait_until
+from tests.trainer.helpers import WORLD, produce, wait_for_count, wait_until
 
-pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.kafka,
+    pytest.mark.slow,
+    # Its waits are bounded by stalls, not deadlines; at load 8 on 2 cores a run takes
+    # several times its unloaded minutes.
+    pytest.mark.timeout(900),
+]
 
 GROUP = "scaleout"
-EVENTS = 30_000
 
 
 def _env(cluster_url: str, broker: TansuBroker, namespace: str) -> dict[str, str]:
@@ -84,7 +90,11 @@ TRAINER_ENV = {
     "VIDREC_TRAINER__MAX_WAIT_MS": "50",
     "VIDREC_TRAINER__CHECKPOINT_EVERY_S": "0.5",
     "VIDREC_TRAINER__METRICS_EVERY_S": "0.2",
-    "VIDREC_TRAINER__EXPORT_EVERY_S": "2",
+    # Every 2 s made some 40 versions in a 150 s run at load 12, each an ONNX export and
+    # a load by the API (about 0.8 s of CPU: docs/benchmarks.md, Evaluation at scale).
+    # The API needs one model.
+    "VIDREC_TRAINER__EXPORT_EVERY_S": "0",
+    "VIDREC_TRAINER__EXPORT_EVERY_BATCHES": "10",
     "VIDREC_TRAINER__THREADS": "1",
 }
 
@@ -183,7 +193,7 @@ class Hammer:
                         self.empty.append((time.monotonic(), f"{user}: {r.text[:400]}"))
                 except httpx.HTTPError as exc:
                     self.failures.append(repr(exc))
-                time.sleep(0.02)
+                time.sleep(0.1)  # steady, not flat out: the trainers share the 2 cores
 
     def __enter__(self) -> Hammer:
         self._thread.start()
@@ -221,9 +231,18 @@ def _scan_rows(cluster_url: str, settings: Settings) -> dict[str, int]:
     return {table: counts[(table, "r")] for table in specs}
 
 
-@pytest.mark.parametrize("dense_sync", ["redis", "gloo"])
+@pytest.mark.parametrize(
+    ("dense_sync", "events_total"),
+    # The kill, the takeover and the counting are the same for both exchanges; the gloo
+    # run proves the all-reduce works across real processes and a kill (its rounds are
+    # unit-tested in test_group_sync.py), so a shorter stream does. The redis run keeps
+    # 30,000: with 20,000 the survivor's prequential AUC came to 0.704-0.743 against the
+    # 0.68 asserted, too thin a margin (gloo's, 10,000: 0.744-0.771).
+    [("redis", 30_000), ("gloo", 10_000)],
+)
 def test_two_trainers_share_a_group_and_survive_a_kill(
     dense_sync: str,
+    events_total: int,
     tmp_path: Path,
     redis_cluster_url: str,
     kafka_broker: TansuBroker,
@@ -236,14 +255,18 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
     registry = tmp_path / "registry"
     registry.mkdir()
     world = SyntheticWorld(WORLD)
-    events = world.events(EVENTS)
-    settings = Settings(data_dir=tmp_path / "api", api={"model_poll_interval_s": 0.1})
+    events = world.events(events_total)
+    settings = Settings(  # the test's own producer waits for the broker (helpers.produce)
+        data_dir=tmp_path / "api",
+        api={"model_poll_interval_s": 0.1},
+        kafka={"produce_timeout_ms": 60_000},
+    )
     (tmp_path / "api").mkdir()
     (tmp_path / "api" / "registry").symlink_to(registry, target_is_directory=True)
-    third = EVENTS // 3
+    third = events_total // 3
     with open_resources(settings) as resources:  # creates the topics; seeds the catalog
         resources.catalog.upsert(world.videos())
-        resources.event_log.produce(events[:third])
+        produce(resources, events[:third])
 
         trainer_env = {
             **shared,
@@ -263,16 +286,20 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
                     and one.audited()
                     and two.audited()
                 ),
-                90,
+                # Two processes importing torch, joining and checkpointing on 2 cores at
+                # load 8: a bound, not an expectation.
+                240,
                 "both trainers to train and checkpoint",
             )
-            resources.event_log.produce(events[third:])
+            produce(resources, events[third:])
 
             app = create_app(settings)
             with serve_in_thread(app) as url:
                 with httpx.Client(base_url=url, timeout=10) as http:
                     wait_until(
-                        lambda: http.get("/readyz").json()["degraded"] is False, 60, "the API ready"
+                        lambda: http.get("/readyz").json()["degraded"] is False,
+                        120,
+                        "the API ready",
                     )
                 users = sorted({e.user_id for e in events[:500]})
                 with httpx.Client(base_url=url, timeout=10) as http:  # signal feed caught up
@@ -282,13 +309,14 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
                         lambda: http.post(
                             "/v1/recommend", json={"user_id": "nobody-yet", "count": 10}
                         ).json()["items"],
-                        60,
+                        120,
                         "candidates from the signal feed",
                     )
                 with Hammer(url, users) as hammer:
-                    wait_until(
-                        lambda: len(one.trained()) + len(two.trained()) >= EVENTS // 2,
-                        90,
+                    wait_for_count(
+                        lambda: len(one.trained()) + len(two.trained()),
+                        events_total // 2,
+                        60,
                         "half of the stream",
                     )
                     # Kill between checkpoints: batches pushed, not yet committed.
@@ -299,16 +327,19 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
                     killed_at = time.monotonic()
                     pushed_uncommitted = len(one.journaled())
                     by_one = one.trained()
-                    wait_until(
-                        lambda: len(set(by_one) | set(two.trained())) >= EVENTS,
-                        120,
+                    # The survivor's pace is the machine's: fail on a stall, not a deadline
+                    # (it takes the dead member's partitions after the 2 s session timeout).
+                    wait_for_count(
+                        lambda: len(set(by_one) | set(two.trained())),
+                        events_total,
+                        60,
                         "the survivor to finish the stream",
                     )
                     takeover_s = time.monotonic() - killed_at
                     time.sleep(0.5)  # a few more requests after the takeover
                 assert two.process is not None
                 two.process.send_signal(signal.SIGTERM)
-                assert two.process.wait(60) == 0, two.log.read_text()[-3000:]
+                assert two.process.wait(120) == 0, two.log.read_text()[-3000:]
         finally:
             one.stop()
             two.stop()
@@ -331,7 +362,7 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
 
     # The group's progress reached the end of every partition.
     assert {int(k) for k in progress} == {0, 1, 2, 3}
-    assert sum(int(v) for v in progress.values()) == EVENTS
+    assert sum(int(v) for v in progress.values()) == events_total
 
     # The survivor learned (prequential AUC, measured before each batch trains)
     # and averaged its dense network with the other while both lived.

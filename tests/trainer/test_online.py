@@ -117,10 +117,10 @@ def test_a_checkpoint_of_another_schema_keeps_what_still_holds(tmp_path: Path) -
         restored = OnlineTrainer(resources)
         restored.restore()
         assert restored.seq == 1 and restored.metrics.events_total == 2_000
-        assert {str(p): o for p, o in restored.positions.items()} == positions
+        assert {str(p): o for p, o in restored.progress.positions.items()} == positions
         np.testing.assert_array_equal(resources.tables["user"].pull(user_keys), rows)
-        assert len(restored.joiner) == 0  # impressions packed for the old columns: dropped
-        restored.trainer.close()
+        assert len(restored.stages.join.joiner) == 0  # packed for the old columns: dropped
+        restored.close()
         trainer = TrainerComponent(resources)
         trainer.start()
         wait_until(lambda: trainer.status()["events_total"] >= 4_000, 60, "the second half")
@@ -180,7 +180,7 @@ def test_redis_journal_skips_batches_pushed_before_a_crash(redis_url: str, tmp_p
         restarted = OnlineTrainer(resources)
         restarted.restore()
         restarted.train_records(records)  # the log redelivers everything
-        assert restarted.dedupe.duplicates == 2_000
+        assert restarted.stages.decode.dedupe.duplicates == 2_000
         assert restarted.metrics.samples_total > 0
         restarted.checkpoint()
     audit = tmp_path / "trainer" / "vidrec-trainer" / "audit"
@@ -192,12 +192,12 @@ def test_redis_journal_skips_batches_pushed_before_a_crash(redis_url: str, tmp_p
 def test_failed_export_does_not_stop_training(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainer.loop as loop_module
+    import trainer.stages.export as export_module
 
     def broken(*args: object, **kwargs: object) -> str:
         raise OSError("disk full")
 
-    monkeypatch.setattr(loop_module, "publish", broken)
+    monkeypatch.setattr(export_module, "publish", broken)
     settings = trainer_settings(tmp_path, export_every_batches=2)
     world = SyntheticWorld(WORLD)
     events = world.events(6_000)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from app.main import create_app
-from app.wiring import embedded_extensions
+from app.wiring import embedded_extensions, embedded_trainer
 from tests.app.conftest import serve_in_thread
 from tests.app.test_dashboard import dashboard_settings
 
@@ -66,7 +66,9 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     settings = dashboard_settings(
         tmp_path_factory.mktemp("browser") / "data", dashboard={"refresh_ms": 500}
     )
-    with serve_in_thread(create_app(settings, extensions=embedded_extensions(demo=True))) as url:
+    with serve_in_thread(create_app(
+        settings, trainer=embedded_trainer, extensions=embedded_extensions(demo=True)
+    )) as url:
         yield url
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from app.main import create_app
-from app.wiring import embedded_extensions
+from app.wiring import embedded_extensions, embedded_trainer
 from tests.app.browser.conftest import CHROMIUM_ARGS, chromium_path
 from tests.app.conftest import serve_in_thread, wait_for
 from tests.app.test_dashboard import dashboard_settings
@@ -46,7 +46,9 @@ def main() -> None:
                  "metrics_every_s": 1.0, "checkpoint_every_s": 10, "metrics_window": 20_000},
         dashboard={"refresh_ms": 1000, "sample_every_s": 1.0, "rate_window_s": 10},
     )
-    app = create_app(settings, extensions=embedded_extensions(demo=True))
+    app = create_app(
+        settings, trainer=embedded_trainer, extensions=embedded_extensions(demo=True)
+    )
     with serve_in_thread(app) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": args.width, "height": 1000})
