@@ -225,9 +225,7 @@ def demo_traffic(service: Service) -> Iterator[DemoTraffic]:
     """Run :class:`DemoTraffic` for the app's lifetime."""
     demo = DemoTraffic(service)
     demo.start()
-    service.demo = demo
     try:
         yield demo
     finally:
-        service.demo = None
         demo.close()

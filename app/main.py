@@ -38,7 +38,7 @@ from app.api import events, health, recommend, videos
 from app.limits import BodySizeLimit
 from app.metrics import Metrics, RequestTimer
 from app.openapi import contract
-from app.service import Service, TrainerOpener, open_service
+from app.service import DemoView, Service, TrainerOpener, open_service
 from feature_store.errors import InvalidInput, NotFound, VidrecError
 from feature_store.events import ID_CHARSET, ID_CHARSET_TEXT
 from feature_store.runtime import tracing
@@ -187,13 +187,16 @@ def create_app(
                 open_resources(settings, wait_for_event_log=False)
             )
             service = stack.enter_context(open_service(res, metrics, trainer))
-            for extension in extensions:
-                stack.enter_context(extension(service))
+            entered = [stack.enter_context(extension(service)) for extension in extensions]
             app.state.service = service
+            # The lifespan opened the extensions, so it hands out what the dashboard shows
+            # of them (the demo's figures); nothing sets fields on the service from outside.
+            app.state.demo = next((e for e in entered if isinstance(e, DemoView)), None)
             try:
                 yield
             finally:
                 app.state.service = None
+                app.state.demo = None
 
     app = FastAPI(
         title="vidrec",
@@ -208,6 +211,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.service = None
+    app.state.demo = None
     app.add_exception_handler(VidrecError, vidrec_error_handler)
     app.add_exception_handler(RequestValidationError, vidrec_error_handler)
     app.add_exception_handler(HTTPException, vidrec_error_handler)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from app.admission import ScoringThread
 from app.cache import CachedReads
@@ -58,6 +58,7 @@ class TrainerView(Protocol):
         ...
 
 
+@runtime_checkable
 class DemoView(Protocol):
     """What the dashboard shows of the demo's simulated users (``app/demo.py``)."""
 
@@ -139,8 +140,6 @@ class Service:
     read)."""
     retrain: RetrainView | None = None
     """That trainer's retrain families."""
-    demo: DemoView | None = None
-    """The demo's simulated users (``vidrec up --demo``), set while they run."""
     started_at: float = field(default_factory=time.time)
 
     @property

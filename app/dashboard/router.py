@@ -53,7 +53,7 @@ from app.dashboard.experiments import (
 )
 from app.dashboard.sampling import Sampler
 from app.openapi import errors
-from app.service import Service
+from app.service import DemoView, Service
 from feature_store.errors import BackendUnavailable, NotFound
 from feature_store.ops.control import ControlChannel
 from feature_store.ops.timeseries import MetricsSeries
@@ -71,6 +71,9 @@ class Dashboard:
     audit: AuditLog
     channel: ControlChannel
     actions: ActionRunner
+    demo: DemoView | None = None
+    """The demo's simulated users while ``vidrec up --demo`` runs them (from the app's
+    lifespan, which opened them)."""
     clock: views.CheckpointClock = field(default_factory=views.CheckpointClock)
 
     @property
@@ -95,7 +98,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service, channel, audit_log, settings.dashboard.ack_timeout_s,
         settings.dashboard.max_pending_actions,
     )
-    app.state.dashboard = Dashboard(service, sampler, audit_log, channel, runner)
+    app.state.dashboard = Dashboard(
+        service, sampler, audit_log, channel, runner, demo=getattr(app.state, "demo", None)
+    )
     sampler.start()
     try:
         yield
@@ -155,7 +160,7 @@ def overview(dashboard: Board, since_ms: Annotated[int, Query(ge=0)] = 0) -> dic
         "training": views.training(
             service, dashboard.series, settings, since_ms, dashboard.clock
         ),
-        "serving": views.serving(service, dashboard.sampler, since_ms),
+        "serving": views.serving(service, dashboard.sampler, since_ms, dashboard.demo),
         "models": views.models(service),
         "tables": views.tables(dashboard.sampler),
         "audit": audit,

@@ -15,7 +15,7 @@ from typing import Any
 from app.dashboard.sampling import STAGES, Sampler
 from app.schemas import RecommendRequest
 from app.scoring.onnx_model import index_status
-from app.service import Service
+from app.service import DemoView, Service
 from feature_store.heads import HEADS
 from feature_store.ops.timeseries import MetricsSeries
 from feature_store.settings import DashboardSettings
@@ -143,7 +143,9 @@ def training(
     return _guard(build)
 
 
-def serving(service: Service, sampler: Sampler, since_ms: int) -> dict[str, Any]:
+def serving(
+    service: Service, sampler: Sampler, since_ms: int, demo: DemoView | None = None
+) -> dict[str, Any]:
     def build() -> dict[str, Any]:
         model = service.model
         latest = sampler.latest() or {}
@@ -162,7 +164,7 @@ def serving(service: Service, sampler: Sampler, since_ms: int) -> dict[str, Any]
                 for stage in STAGES
             ],
             "latest": {k: v for k, v in latest.items() if not k.startswith("p")},
-            "demo": service.demo.figures() if service.demo is not None else None,
+            "demo": demo.figures() if demo is not None else None,
             "points": [
                 {k: p.get(k) for k in (
                     "ts_ms", "requests_per_s", "events_per_s", "fallback_rate",

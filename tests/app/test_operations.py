@@ -160,3 +160,18 @@ def test_rollback_after_an_experiments_retrain_arm_won_serves_main_again(
             "main") and r, timeout_s=30)
         assert family_of(served["model_version"]) == "main"
         assert act(http, "retrain_stop", target=family)["status"] == "done"
+
+
+def test_the_dashboard_shows_the_demo_users_figures(up: httpx.Client) -> None:
+    """The demo's tiles come from the demo the app's lifespan opened (not a field set on
+    the service from outside): sessions counted, shares in [0, 1] once videos were shown."""
+
+    def demo() -> dict[str, Any] | None:
+        figures: dict[str, Any] | None = up.get(
+            "/dashboard/api/overview", headers=ADMIN
+        ).json()["serving"]["demo"]
+        return figures if figures and figures["sessions"] > 0 else None
+
+    figures = wait_for(demo, timeout_s=120, interval_s=0.5)
+    for share in ("play_rate", "favourite_share", "popular_favourite_share"):
+        assert figures[share] is None or 0.0 <= figures[share] <= 1.0, figures
