@@ -104,7 +104,7 @@ def main() -> int:
             "kafka": {"bootstrap_servers": broker.bootstrap, "partitions": 2},
         }
     settings = Settings(data_dir=Path(tempfile.mkdtemp(prefix="vidrec-fresh-")), **extra)
-    app = create_app(settings, extensions=[embedded_trainer])
+    app = create_app(settings, trainer=embedded_trainer)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False)

@@ -276,7 +276,7 @@ def main() -> int:
     )
     started = time.time()
     try:
-        with TestClient(create_app(settings, extensions=[embedded_trainer])) as client:
+        with TestClient(create_app(settings, trainer=embedded_trainer)) as client:
             service = client.app.state.service  # type: ignore[attr-defined]
             demo = DemoTraffic(service)
             demo.seed_catalog()
