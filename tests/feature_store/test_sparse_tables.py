@@ -275,12 +275,13 @@ def test_admission_counts_only_the_keys_sighted(backend: Backend) -> None:
 
 def test_rows_expire_with_their_state(backend: Backend) -> None:
     spec = TableSpec("emb", 4, "adagrad")
-    table = backend.table(spec, ttl_s=0.2, adagrad_initial_accumulator=0.1)
+    # Redis keeps real time: the TTL outlasts any scheduling stall before the rows are counted.
+    table = backend.table(spec, ttl_s=1.0, adagrad_initial_accumulator=0.1)
     keys = keys_of(7, 8)
     initial = table.pull(keys, train=True)
     table.push(keys, np.ones((2, 4), dtype=np.float32))
     assert table.stats().rows == 2
-    backend.advance(0.35)
+    backend.advance(1.2)
     assert not table.pull(keys).any()
     table.expire()
     assert table.stats().rows == 0
@@ -290,11 +291,11 @@ def test_rows_expire_with_their_state(backend: Backend) -> None:
 
 
 def test_push_refreshes_ttl(backend: Backend) -> None:
-    table = backend.table(TableSpec("emb", 2, "adagrad"), ttl_s=0.6)
+    table = backend.table(TableSpec("emb", 2, "adagrad"), ttl_s=1.2)
     keys = keys_of(1)
     table.pull(keys, train=True)
-    for _ in range(4):  # 1 s in all, longer than the TTL, but never 0.6 s without a push
-        backend.advance(0.25)
+    for _ in range(5):  # 1.5 s in all, past the TTL; a stall under 0.9 s keeps a push within it
+        backend.advance(0.3)
         table.push(keys, np.ones((1, 2), dtype=np.float32))
     assert table.pull(keys).any(), "a row updated within its TTL stays"
 
