@@ -22,6 +22,7 @@ import torch
 from feature_store.heads import HEADS
 from feature_store.models.retrieval_io import Towers as TowerColumns
 from feature_store.runtime.resources import Resources
+from trainer.contrast import Sampler
 from trainer.dedupe import DedupeWindow
 from trainer.distributed import GroupSync
 from trainer.labels import Joiner, LabelPolicy
@@ -110,6 +111,7 @@ def build(
         model,
         cfg.dense_learning_rate,
         head_weights=[cfg.head_loss_weights.get(h.name, h.loss_weight) for h in HEADS],
+        contrast_weight=cfg.sampled_loss_weight,
     )
     retrieval = (
         RetrievalTrainer(
@@ -132,7 +134,12 @@ def build(
     progress = Progress()
     dedupe = DedupeWindow(cfg.dedupe_window)
     joiner = Joiner(LabelPolicy(cfg, settings.features), cfg.join_window_ms, cfg.joiner_max_entries)
-    join = Join(resources, joiner, ranker, served, progress, shared)
+    sampler = (
+        Sampler(ranker.extractor, cfg.sampled_negatives, cfg.seed)
+        if cfg.sampled_negatives
+        else None
+    )
+    join = Join(resources, joiner, ranker, served, progress, shared, sampler)
     return Pipeline(
         decode=Decode(dedupe, group, shared),
         join=join,
