@@ -676,11 +676,6 @@ class TrainerSettings(_Section):
     """Widths of the deep part's hidden layers."""
     dense_learning_rate: float = Field(1e-3, gt=0)
     """Adam step size of the dense network (the sparse tables own their own)."""
-    sampled_negatives: int = Field(0, ge=0, le=64)
-    """Videos drawn per positive view, each scored for the same user and moment, that the
-    view is trained to outrank (a sampled softmax, ``trainer/contrast.py``; 0: none)."""
-    sampled_loss_weight: float = Field(1.0, gt=0)
-    """Multiplier of that softmax term beside the samples' cross-entropy."""
     seed: int = 0
     """Seed of the dense network's initial weights."""
     threads: int = Field(1, ge=0)

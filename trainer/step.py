@@ -55,7 +55,6 @@ from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.heads import HEADS
 from feature_store.sparse.base import Keys, Rows, SparseTable
 from feature_store.sparse.steps import Rounds, errors, pull_many, push_many, start_pushes
-from trainer.contrast import Contrast, softmax_loss
 from trainer.model import WideDeep
 
 LOSSES: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
@@ -127,11 +126,8 @@ class Trainer:
         model: WideDeep,
         learning_rate: float,
         head_weights: Sequence[float] | None = None,
-        contrast_weight: float = 1.0,
     ) -> None:
         self.schema = schema
-        self.contrast_weight = contrast_weight
-        """Multiplier of the drawn negatives' softmax term (``trainer.sampled_loss_weight``)."""
         self.head_weights = torch.tensor(
             list(head_weights) if head_weights is not None else [1.0] * model.n_heads,
             dtype=torch.float32,
@@ -173,28 +169,18 @@ class Trainer:
         batch: BatchFeatures,
         labels: npt.NDArray[np.float32],
         weights: npt.NDArray[np.float32],
-        contrast: Contrast | None = None,
     ) -> StepResult:
         """Train on one extracted batch; returns the pre-update scores.
 
         ``labels`` is ``(B,)`` (the engagement head alone) or ``(B, H)``, one
-        column per head, NaN where a sample has no label for that head. With
-        ``contrast`` the batch's rows after the first ``B`` are its drawn videos, whose
-        softmax term (:func:`~trainer.contrast.softmax_loss`, ``contrast_weight``) adds
-        to the loss; the scores are the first ``B`` rows'.
+        column per head, NaN where a sample has no label for that head.
         """
         self.settle()  # the previous step's pushes land before this pull
         table_rows, wide_rows = self.pull(batch, train=True)
         inputs = to_inputs(self.schema, batch, table_rows, wide_rows, requires_grad=True)
         self.model.train()
         head_logits = self.model.head_logits(*inputs)
-        real = len(labels)
-        loss = self._loss(head_logits[:real], labels, weights)
-        if contrast is not None:
-            loss = loss + softmax_loss(
-                head_logits[:, 0], real, contrast, torch.from_numpy(weights),
-                self.contrast_weight,
-            )
+        loss = self._loss(head_logits, labels, weights)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         n = len(self._table_names)
@@ -211,7 +197,7 @@ class Trainer:
         else:
             self._begun = (pushes, rounds)
         self.optimizer.step()
-        heads = torch.sigmoid(head_logits[:real].detach()).double().numpy()
+        heads = torch.sigmoid(head_logits.detach()).double().numpy()
         return StepResult(heads[:, 0].copy(), float(loss.detach()), batch.unique_key_count, heads)
 
     def _loss(

@@ -31,7 +31,6 @@ from typing import Any, Protocol, TypeVar
 
 from feature_store.eventlog.base import ConsumedEvent, EventConsumer
 from feature_store.events import Event
-from trainer.contrast import Contrast
 from trainer.labels import Sample
 from trainer.samples import Lookup
 
@@ -80,9 +79,6 @@ class Batch:
     """The events' catalog records (join; the rank stage records the activity with them)."""
     samples: list[Sample] = field(default_factory=list)
     """Labelled samples (join), trained by the rank and towers stages."""
-    contrast: Contrast | None = None
-    """Videos drawn against the samples' positives (join, :mod:`trainer.contrast`), trained
-    by the rank stage's softmax term; None: none drawn."""
     unique_keys: int = 0
     """Unique sparse keys of the ranker's step (rank)."""
 

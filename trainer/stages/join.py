@@ -31,7 +31,6 @@ from feature_store.events import Event
 from feature_store.features.values import FeatureValues
 from feature_store.runtime.resources import Resources
 from trainer.checkpoint import SHOWN_FILE
-from trainer.contrast import Sampler
 from trainer.labels import Joiner, Moments
 from trainer.samples import Lookup, featurise
 from trainer.served import ServedJoin
@@ -55,11 +54,8 @@ class Join:
         served: ServedJoin | None,
         progress: Progress,
         shared: Shared,
-        sampler: Sampler | None = None,
     ) -> None:
         self.resources = resources
-        self.sampler = sampler
-        """Draws the negatives of the samples' positives (``trainer.sampled_negatives``)."""
         self.joiner = joiner
         self.ranker = ranker
         """Scores the impressions nobody served (under :attr:`Shared.lock`)."""
@@ -97,14 +93,6 @@ class Join:
         batch.samples = retry(
             lambda: self.joiner.observe(events, partitions, lookup.durations, moments)
         )
-        sampler = self.sampler
-        if sampler is not None:
-            samples = batch.samples
-            anchors, videos = sampler.draw(samples)
-            activity = self.resources.training_activity
-            batch.contrast = retry(lambda: sampler.featurise(
-                samples, anchors, videos, self.resources.catalog, activity))
-            sampler.seen(events)
         return batch
 
     def moments(

@@ -22,7 +22,6 @@ import torch
 from feature_store.heads import HEADS
 from feature_store.models.retrieval_io import Towers as TowerColumns
 from feature_store.runtime.resources import Resources
-from trainer.contrast import Sampler
 from trainer.dedupe import DedupeWindow
 from trainer.distributed import GroupSync
 from trainer.labels import Joiner, LabelPolicy
@@ -111,7 +110,6 @@ def build(
         model,
         cfg.dense_learning_rate,
         head_weights=[cfg.head_loss_weights.get(h.name, h.loss_weight) for h in HEADS],
-        contrast_weight=cfg.sampled_loss_weight,
     )
     retrieval = (
         RetrievalTrainer(
@@ -134,12 +132,7 @@ def build(
     progress = Progress()
     dedupe = DedupeWindow(cfg.dedupe_window)
     joiner = Joiner(LabelPolicy(cfg, settings.features), cfg.join_window_ms, cfg.joiner_max_entries)
-    sampler = (
-        Sampler(ranker.extractor, cfg.sampled_negatives, cfg.seed)
-        if cfg.sampled_negatives
-        else None
-    )
-    join = Join(resources, joiner, ranker, served, progress, shared, sampler)
+    join = Join(resources, joiner, ranker, served, progress, shared)
     return Pipeline(
         decode=Decode(dedupe, group, shared),
         join=join,

@@ -16,10 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from feature_store.features.values import FeatureValues
 from feature_store.runtime.resources import Resources
 from trainer.checkpoint import DENSE_FILE
-from trainer.contrast import Contrast
 from trainer.labels import Sample
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep, upgrade_state_dict
@@ -59,7 +57,7 @@ class Rank:
     def process(self, batch: Batch) -> Batch:
         retry = self.shared.retry
         if batch.samples:
-            batch.unique_keys = self._train(batch.samples, batch.contrast)
+            batch.unique_keys = self._train(batch.samples)
         self.ranker.advance()  # Redis applies the pushes while the activity is recorded
         events, lookup = batch.events, batch.lookup
         if events and lookup is not None:
@@ -67,18 +65,14 @@ class Rank:
         retry(self.ranker.settle)  # the pushes land before the record stage's journal line
         return batch
 
-    def _train(self, samples: list[Sample], contrast: Contrast | None) -> int:
-        """One training step over ``samples`` (and ``contrast``'s drawn rows after them);
-        returns the batch's unique key count."""
+    def _train(self, samples: list[Sample]) -> int:
+        """One training step over ``samples``; returns the batch's unique key count."""
         rows = labelled_rows(samples, self.ranker.extractor.layout)
-        values = rows.values
-        if contrast is not None:
-            values = FeatureValues(values.layout, np.concatenate([values.packed, contrast.values]))
-        batch = values.to_batch()
+        batch = rows.values.to_batch()
 
         def attempt() -> int:
             with self.shared.lock:
-                result = self.ranker.step(batch, rows.targets, rows.weights, contrast)
+                result = self.ranker.step(batch, rows.targets, rows.weights)
             # Scored as shown where known (see Sample.score), else by this step's forward.
             scores = np.where(np.isnan(rows.shown_scores), result.scores, rows.shown_scores)
             self.metrics.observe_scores(
