@@ -713,7 +713,9 @@ class TrainerSettings(_Section):
     timeseries_points: int = Field(10_000, ge=10)
     """Points the metrics time series keeps (memory ring / Redis stream MAXLEN)."""
     heartbeat_ttl_s: float = Field(15.0, gt=0)
-    """A status heartbeat older than this means the trainer is gone."""
+    """A status heartbeat older than this means the trainer is gone. Also the TTL of the
+    group's exporter lease and of a batch's partition claims (``trainer/distributed.py``):
+    after a SIGKILL, the partitions the dead trainer was training resume within it."""
     metrics_port: int = Field(0, ge=0, le=65535)
     """``vidrec train`` serves its Prometheus metrics on this port (0: off).
 

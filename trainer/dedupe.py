@@ -75,6 +75,16 @@ class DedupeWindow:
         while len(self._order) > self.capacity:
             self._seen.discard(self._order.popleft())
 
+    def forget(self, event_ids: Sequence[str]) -> None:
+        """Drop ``event_ids`` (admitted for a batch that was then given back untrained:
+        they must train when they come again). O(window): a rare path."""
+        if not event_ids:
+            return
+        drop = {id_hash(i) for i in event_ids} & self._seen
+        if drop:
+            self._seen -= drop
+            self._order = deque(h for h in self._order if h not in drop)
+
     def to_array(self) -> npt.NDArray[np.uint64]:
         """Hashes oldest first, for the checkpoint."""
         return np.fromiter(self._order, dtype=np.uint64, count=len(self._order))

@@ -9,20 +9,61 @@ every trainer with Redis sparse tables, alone or not, so that adding a
 second trainer to a running one is safe whatever it was started with; the
 third is ``trainer.group_sync``:
 
-**Progress** (``TRAINER_PROGRESS{group}``, a hash partition -> next offset).
-Kafka moves a partition from the offset its last owner *committed*, and a
-trainer commits only with a checkpoint, every ``checkpoint_every_s``; what the
-old owner pushed after that is durable in Redis already. Its journal lets
-*it* skip those events on a restart, but the new owner never sees that
-journal. So after each batch (after its push, dense step, activity record
-and journal line) the trainer raises the group's offset of each partition
-it trained to the batch's next offset (a Lua max, atomic per key), and
-before training a batch it drops the records below that offset: they were
-trained by whoever owned the partition before. Same gap as the journal: a
-trainer killed between a batch's push and this write leaves that batch to
-be trained again by the next owner (one batch, milliseconds). The hash
-outlives the group's committed offsets: reset it (``DEL``) together with
-them when replaying a group on purpose.
+**Progress and claims** (``TRAINER_PROGRESS{group}``, a hash partition -> next
+offset, and beside it, in the same slot, the claims hash ``{<progress key>}:claims``,
+partition -> ``"<expiry ms> <member>"``). Kafka moves a partition from the offset
+its last owner *committed*, and a trainer commits only with a checkpoint, every
+``checkpoint_every_s``; what the old owner pushed after that is durable in Redis
+already. So every batch of every trainer with Redis tables goes through three
+steps on these keys (one Lua script each, atomic, no extra round trip over the
+read and the write the progress always cost):
+
+1. **claim** (decode stage, :meth:`GroupSync.claim`): for each partition of the
+   batch, take its claim (free, released, expired, or already this member's) and
+   read its progress, in one script; records below the progress were trained by
+   whoever owned the partition before and are dropped. A partition another member
+   holds a live claim on is *busy*: its records are given back (the consumer seeks
+   back to them, so they are polled again) and the rest of the batch trains; when
+   every partition is busy the loop retries the claim with its backoff
+   (:class:`PartitionsBusy`) instead of polling in a spin.
+2. **fence** (rank stage, before the first write of the batch: the sparse push,
+   the activity counters; :meth:`GroupSync.fence`): a claim lasts
+   ``claim_ttl_s`` (``trainer.heartbeat_ttl_s``) so that one held by a SIGKILLed
+   member frees itself. A member whose claim is older than a third of that
+   renews it first, in a script that refuses when the claim is no longer its own
+   (it expired and another member took it: this one was paused or starved past
+   the TTL). Refused, the batch is dropped before writing anything and given
+   back; the claimant trains it.
+3. **finish** (record stage, after the pushes landed and the journal line,
+   :meth:`GroupSync.finish`): raise each claimed partition's progress past the
+   batch and release the claim (expiry 0, still naming the member, so a retry of
+   the same call after a lost reply is recognised), in one script that refuses a
+   partition whose claim is no longer this member's. Refused there means the
+   batch was written by two members: counted (``fenced_late``) and logged as an
+   error; it can only happen to a member that stalled past two thirds of the TTL
+   between its fence and its push.
+
+Why claims, and not a fencing token checked by the writes themselves: a batch
+writes to many keys of many tables (on Redis Cluster, of every slot) through
+pipelined rounds that start in the training step, plus the activity store; no
+single script or ``MULTI`` can make all of them conditional on a token. What
+can be atomic is the decision of *who* trains a range: the claim makes the
+progress read and the training of the records after it exclusive, so a member
+that loses its partition in a rebalance (a Kafka session expiry while it is
+busy: the heartbeat starved on a loaded host) while training a batch finishes
+that batch under its claim and the new owner waits for it, then skips what it
+trained. Before this, the new owner read the old progress and trained the same
+records beside it (issue #22, 7 and 12 events twice at load 12-20).
+
+What is left: a member killed between a batch's first write and its finish
+leaves its claim to expire, and the next claimant trains the batch again from
+the progress (at least once: a batch the dead member had partly pushed gets
+part of its gradient twice, and its journal line, if written, counts it once
+more). That is the single-trainer journal's gap, one batch, milliseconds wide.
+A claim also never outlives what Redis keeps: the hash outlives the group's
+committed offsets, so reset both (``DEL``) together with those offsets when
+replaying a group on purpose. Every trainer of a group must speak this protocol:
+one still on the old read-then-advance would not see the claims.
 
 A trainer also drops the records of partitions taken from it while it
 gathered a batch (a rebalance inside one of its polls): their new owner
@@ -81,6 +122,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -89,22 +131,70 @@ import torch
 from torch import nn
 
 from feature_store.constants import TRAINER_DENSE, TRAINER_EXPORTER, TRAINER_PROGRESS
-from feature_store.errors import ConfigurationError, StoreUnavailable
+from feature_store.errors import BackendUnavailable, ConfigurationError, StoreUnavailable
 from feature_store.eventlog.base import ConsumedEvent
 from feature_store.redis_errors import REDIS_FAILURES, redis_errors
 from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
 
-_ADVANCE = """
-for i = 1, #ARGV, 2 do
-  local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
-  if tonumber(ARGV[i + 1]) > current then
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  end
+_HOLDER = """
+local function holder(claim)
+  if not claim then return nil end
+  return string.sub(claim, string.find(claim, ' ', 1, true) + 1)
 end
 """
-"""KEYS[1]: the group's progress hash; ARGV: partition, next offset pairs (only raised)."""
+"""A claim is ``"<expiry ms> <member>"``; its member, or nil when there is none."""
+
+_CLAIM = _HOLDER + """
+local now = tonumber(ARGV[2])
+local out = {}
+for i = 4, #ARGV do
+  local claim = redis.call('HGET', KEYS[2], ARGV[i])
+  local free = (not claim) or holder(claim) == ARGV[1]
+  if not free then
+    free = tonumber(string.sub(claim, 1, string.find(claim, ' ', 1, true) - 1)) <= now
+  end
+  if free then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[3] .. ' ' .. ARGV[1])
+    out[#out + 1] = redis.call('HGET', KEYS[1], ARGV[i]) or '-1'
+  else
+    out[#out + 1] = 'busy'
+  end
+end
+return out
+"""
+"""KEYS: progress, claims; ARGV: member, now (ms), expiry (ms), partitions. Per partition:
+its progress ('-1': none) once claimed, or 'busy' (another member's live claim)."""
+
+_RENEW = _HOLDER + """
+for i = 3, #ARGV do
+  if holder(redis.call('HGET', KEYS[1], ARGV[i])) ~= ARGV[1] then return 0 end
+end
+for i = 3, #ARGV do redis.call('HSET', KEYS[1], ARGV[i], ARGV[2] .. ' ' .. ARGV[1]) end
+return 1
+"""
+"""KEYS: claims; ARGV: member, new expiry (ms), partitions. 1: all still this member's
+(an expired one nobody took is: nobody read the progress after it), renewed; 0: none."""
+
+_FINISH = _HOLDER + """
+local refused = {}
+for i = 2, #ARGV, 2 do
+  if holder(redis.call('HGET', KEYS[2], ARGV[i])) == ARGV[1] then
+    local current = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+    if tonumber(ARGV[i + 1]) > current then
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    end
+    redis.call('HSET', KEYS[2], ARGV[i], '0 ' .. ARGV[1])
+  else
+    refused[#refused + 1] = ARGV[i]
+  end
+end
+return refused
+"""
+"""KEYS: progress, claims; ARGV: member, then partition, next offset pairs. Raises the
+progress (never lowers it) and releases the claim of each partition still claimed by
+this member; returns the others (claimed by another member meanwhile: refused)."""
 
 _LEASE = """
 local holder = redis.call('GET', KEYS[1])
@@ -135,12 +225,34 @@ def dense_tensors(model: nn.Module) -> list[torch.Tensor]:
     return tensors + [b for b in model.buffers() if b.is_floating_point()]
 
 
-class GroupSync:
-    """One trainer's view of its group: progress filter and dense averaging (module doc).
+class PartitionsBusy(BackendUnavailable):
+    """Every partition of a batch is claimed by another member, training it now: the
+    loop's retry asks again after its backoff (the claim is released at the end of that
+    member's batch, or expires with it)."""
 
-    ``client`` is the process's Redis (or Redis Cluster) client; both keys are
-    single hashes, so they live in one slot and every command here is a
-    single-key one.
+
+@dataclass(frozen=True)
+class Claimed:
+    """What :meth:`GroupSync.claim` left of a batch."""
+
+    kept: list[int]
+    """Indices of the records to train (claimed, not trained by anyone yet)."""
+    busy: set[int]
+    """Partitions another member is training: their records are to be given back."""
+
+
+def _text(value: bytes | str | int) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class GroupSync:
+    """One trainer's view of its group: claims and progress, the exporter lease, dense
+    averaging (module doc).
+
+    ``client`` is the process's Redis (or Redis Cluster) client; every key is a
+    single hash or string, and the two the claim scripts touch together share a
+    slot (the claims key's hash tag is the progress key), so cluster or not,
+    each command or script is on one slot.
     """
 
     def __init__(
@@ -154,9 +266,18 @@ class GroupSync:
         gloo_address: str | None = None,
         averaging: bool = True,
         lease_ttl_s: float = 15.0,
+        claim_ttl_s: float = 15.0,
     ) -> None:
         self.client = client
         self.progress_key = TRAINER_PROGRESS + group_id
+        self.claims_key = "{" + self.progress_key + "}:claims"
+        """The claims hash: its hash tag is the progress key, so both share a slot on a
+        cluster and one script reads and writes both."""
+        self.claim_ttl_s = claim_ttl_s
+        """Seconds a claim lasts unless renewed (a SIGKILLed member's frees itself)."""
+        self._held: dict[int, int] = {}
+        """Partitions claimed for the batch in flight (to fence, finish or abandon)."""
+        self._claimed_at = 0.0
         self.dense_key = TRAINER_DENSE + group_id
         self.lease_key = TRAINER_EXPORTER + group_id
         self.member = member or f"{socket.gethostname()}-{os.getpid()}"
@@ -178,6 +299,14 @@ class GroupSync:
         """Live peers averaged with in the last round."""
         self.skipped = 0
         """Records dropped because another member had trained them."""
+        self.given_back = 0
+        """Partitions whose records were given back, another member's claim on them live."""
+        self.busy_waits = 0
+        """Claims refused whole (every partition busy): the loop waited and asked again."""
+        self.fenced = 0
+        """Batches dropped before writing: their claim had expired and was taken."""
+        self.fenced_late = 0
+        """Partitions whose finish was refused: written by two members (should stay 0)."""
         self.gloo = (
             None
             if gloo_address is None
@@ -185,32 +314,106 @@ class GroupSync:
         )
         """``trainer.dense_sync == "gloo"``: averaging by torch.distributed instead."""
 
-    # --- progress -------------------------------------------------------------
+    # --- progress and claims (module doc) ---------------------------------------
 
-    def unclaimed(self, records: Sequence[ConsumedEvent], chosen: list[int]) -> list[int]:
-        """The indices of ``chosen`` (into ``records``) that no member has trained yet."""
-        if not chosen:
-            return chosen
+    def claim(self, records: Sequence[ConsumedEvent], chosen: list[int]) -> Claimed:
+        """Claim the partitions of ``chosen`` (indices into ``records``) for this batch and
+        keep those of their records no member has trained yet.
+
+        Raises :class:`PartitionsBusy` when every partition is claimed by another member
+        (nothing is claimed then: the loop's retry asks again after its backoff).
+        """
         partitions = sorted({records[i].partition for i in chosen})
-        with _errors("progress read"):
-            raw = self.client.hmget(self.progress_key, [str(p) for p in partitions])
-        done = {p: int(v) for p, v in zip(partitions, raw, strict=True) if v is not None}
-        if not done:
-            return chosen
-        kept = [i for i in chosen if records[i].offset >= done.get(records[i].partition, 0)]
-        self.skipped += len(chosen) - len(kept)
-        return kept
+        if not partitions:
+            return Claimed(chosen, set())
+        started = self._clock()
+        now_ms = int(started * 1000)
+        expiry = now_ms + int(self.claim_ttl_s * 1000)
+        with _errors("claim"):
+            raw = self.client.eval(
+                _CLAIM, 2, self.progress_key, self.claims_key,
+                self.member, now_ms, expiry, *partitions,
+            )
+        answers = dict(zip(partitions, (_text(v) for v in raw), strict=True))
+        busy = {p for p, v in answers.items() if v == "busy"}
+        if len(busy) == len(partitions):
+            self.busy_waits += 1
+            raise PartitionsBusy(
+                f"partitions {sorted(busy)} are being trained by another member of the group"
+            )
+        self._held = {p: -1 for p in partitions if p not in busy}
+        self._claimed_at = started
+        done = {p: int(v) for p, v in answers.items() if p not in busy}
+        kept = [
+            i for i in chosen
+            if records[i].partition not in busy
+            and records[i].offset >= done[records[i].partition]
+        ]
+        self.skipped += sum(1 for i in chosen if records[i].partition not in busy) - len(kept)
+        self.given_back += len(busy)
+        return Claimed(kept, busy)
 
-    def trained(self, records: Sequence[ConsumedEvent]) -> None:
-        """Raise the group's offset of each partition in ``records`` past them."""
-        nexts: dict[int, int] = {}
+    def fence(self) -> bool:
+        """Whether this member still holds the claims of its batch, checked before the
+        batch's first write: free while the claims are younger than a third of their TTL
+        (they cannot have expired), else one script renewing them if still this member's.
+        False: another member took a claim after it expired; drop the batch (:meth:`abandon`).
+        """
+        if not self._held:
+            return True
+        now = self._clock()
+        if now - self._claimed_at < self.claim_ttl_s / 3:
+            return True
+        expiry = int(now * 1000) + int(self.claim_ttl_s * 1000)
+        with _errors("claim renewal"):
+            held = self.client.eval(
+                _RENEW, 1, self.claims_key, self.member, expiry, *sorted(self._held)
+            )
+        if held:
+            self._claimed_at = now
+            return True
+        self.fenced += 1
+        log.warning(
+            "group %s: the claim of partitions %s expired and another member took it; "
+            "this batch is dropped (%.1f s after claiming)",
+            self.progress_key, sorted(self._held), now - self._claimed_at,
+        )
+        return False
+
+    def finish(self, records: Sequence[ConsumedEvent]) -> list[int]:
+        """Raise the group's offset of each claimed partition past ``records`` and release
+        its claim; returns the partitions refused (another member claimed them meanwhile)."""
+        nexts = dict(self._held)
         for r in records:
-            nexts[r.partition] = max(nexts.get(r.partition, 0), r.offset + 1)
+            if r.partition in nexts:
+                nexts[r.partition] = max(nexts[r.partition], r.offset + 1)
         if not nexts:
-            return
+            return []
         args = [x for p, o in sorted(nexts.items()) for x in (p, o)]
         with _errors("progress write"):
-            self.client.eval(_ADVANCE, 1, self.progress_key, *args)
+            answer = self.client.eval(
+                _FINISH, 2, self.progress_key, self.claims_key, self.member, *args
+            )
+        self._held = {}
+        refused = sorted(int(_text(p)) for p in answer)
+        if refused:
+            self.fenced_late += len(refused)
+            log.error(
+                "group %s: partitions %s were claimed by another member while this one "
+                "wrote its batch (it stalled past the claim's TTL): trained twice",
+                self.progress_key, refused,
+            )
+        return refused
+
+    def abandon(self) -> None:
+        """Release this member's claims without raising the progress (a dropped batch)."""
+        held, self._held = self._held, {}
+        if held:
+            args = [x for p in sorted(held) for x in (p, -1)]
+            with _errors("claim release"):
+                self.client.eval(
+                    _FINISH, 2, self.progress_key, self.claims_key, self.member, *args
+                )
 
     # --- the exporter lease ---------------------------------------------------------
 
@@ -290,10 +493,14 @@ class GroupSync:
         return len(peers)
 
     def leave(self) -> None:
-        """Remove this member's parameters and lease (a graceful stop; a dead one's go stale
-        and expire)."""
+        """Remove this member's parameters, lease and claims (a graceful stop; a dead one's
+        go stale and expire)."""
         if self.exporter:
             self.release()
+        try:
+            self.abandon()
+        except StoreUnavailable as exc:
+            log.warning("group claims not released (they expire by themselves): %s", exc)
         if self.gloo is not None:
             self.gloo.leave()
         try:
@@ -309,6 +516,9 @@ class GroupSync:
             "dense_syncs": self.syncs,
             "dense_peers": self.last_peers,
             "skipped_as_trained_by_peer": self.skipped,
+            "given_back_busy": self.given_back,
+            "fenced": self.fenced,
+            "fenced_late": self.fenced_late,
         }
 
 
@@ -352,6 +562,7 @@ def open_group_sync(resources: Resources) -> GroupSync | None:
         gloo_address=address,
         averaging=cfg.group_sync,
         lease_ttl_s=cfg.heartbeat_ttl_s,
+        claim_ttl_s=cfg.heartbeat_ttl_s,
     )
 
 

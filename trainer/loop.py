@@ -43,6 +43,13 @@ Delivery guarantees (see ``docs/training.md`` for the full argument):
   journal line (one batch, milliseconds): that batch's rows get its
   gradient twice. Dense updates since the last checkpoint are lost (the
   network resumes from the checkpoint).
+- Several trainers in one group (Redis tables): each batch claims its
+  partitions and reads the group's progress under the claim, writes only while
+  the claim is its own, and raises the progress as it releases the claim
+  (:mod:`trainer.distributed`), so a member that loses a partition in a
+  rebalance mid-batch and the partition's new owner never both train a
+  record. A record given back (its partition busy with another member's
+  batch) is sought again and counted when it trains.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from feature_store.ops.timeseries import MetricsSeries
 from feature_store.runtime import tracing
 from feature_store.runtime.resources import Resources
 from trainer.checkpoint import STATE_FILE, Checkpointer
-from trainer.distributed import open_group_sync
+from trainer.distributed import PartitionsBusy, open_group_sync
 from trainer.fetch import IDLE, Fetcher
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
@@ -209,7 +216,12 @@ class OnlineTrainer:
                     self._dirty = True  # the next checkpoint commits past the bad records
                 if records:
                     with tracing.batch_span("trainer.batch", records):
-                        self.train(Batch(records, consumer))
+                        try:
+                            self.train(Batch(records, consumer))
+                        except PartitionsBusy:
+                            if self._stop.is_set():
+                                break  # stopping while a peer trains them: not polled
+                            raise
                 elif records is IDLE:
                     self.train(Batch.idle(int(time.time() * 1000)))
                 self._periodic()
@@ -269,12 +281,19 @@ class OnlineTrainer:
             try:
                 return fn()
             except BackendUnavailable as exc:
-                self.last_error = str(exc)
+                busy = isinstance(exc, PartitionsBusy)  # a peer's batch, not a failure
+                if not busy:
+                    self.last_error = str(exc)
                 if self._stop.is_set():
-                    self._broken = True
+                    self._broken = self._broken or not busy  # busy: nothing was applied
                     raise
                 delay = _BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)]
-                log.warning("backend unavailable (%s); retrying the batch in %.1f s", exc, delay)
+                if busy:
+                    log.info("%s; asking again in %.1f s", exc, delay)
+                else:
+                    log.warning(
+                        "backend unavailable (%s); retrying the batch in %.1f s", exc, delay
+                    )
                 attempt += 1
                 self._stop.wait(delay)
 

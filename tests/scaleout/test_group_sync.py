@@ -19,7 +19,7 @@ from feature_store.runtime.resources import open_resources
 from feature_store.settings import Settings
 from tests.factories import ManualClock, make_event
 from tests.trainer.helpers import wait_until
-from trainer.distributed import GroupSync, dense_tensors, open_group_sync
+from trainer.distributed import GroupSync, PartitionsBusy, dense_tensors, open_group_sync
 
 pytestmark = pytest.mark.redis
 
@@ -40,19 +40,87 @@ def consumed(partition: int, offsets: range) -> list[ConsumedEvent]:
     ]
 
 
+def _kept(sync: GroupSync, batch: list[ConsumedEvent]) -> list[tuple[int, int]]:
+    claimed = sync.claim(batch, list(range(len(batch))))
+    return [(batch[i].partition, batch[i].offset) for i in claimed.kept]
+
+
 def test_a_new_owner_skips_what_the_old_one_trained(client: redis.Redis) -> None:
     old, new = GroupSync(client, "g", member="old"), GroupSync(client, "g", member="new")
-    old.trained(consumed(0, range(0, 10)) + consumed(1, range(0, 4)))
-    old.trained(consumed(0, range(5, 8)))  # never lowers the offset
+    first = consumed(0, range(0, 10)) + consumed(1, range(0, 4))
+    assert _kept(old, first) == [(r.partition, r.offset) for r in first]
+    assert old.finish(first) == []
+    again = consumed(0, range(5, 8))
+    _kept(old, again)
+    assert old.finish(again) == []  # never lowers the offset
     # The partitions move (from the committed offsets, 6 and 0): the new owner
     # drops what the old one pushed after its commit.
     batch = consumed(0, range(6, 14)) + consumed(1, range(0, 6)) + consumed(2, range(0, 3))
-    kept = new.unclaimed(batch, list(range(len(batch))))
-    assert [(batch[i].partition, batch[i].offset) for i in kept] == [
+    assert _kept(new, batch) == [
         (0, 10), (0, 11), (0, 12), (0, 13), (1, 4), (1, 5), (2, 0), (2, 1), (2, 2)
     ]  # fmt: skip
-    assert new.skipped == len(batch) - len(kept)
-    assert new.unclaimed(batch, [0, 1]) == []  # only the indices asked about
+    assert new.skipped == len(batch) - 9
+    assert new.finish(batch) == []
+    assert {int(k): int(v) for k, v in client.hgetall(new.progress_key).items()} == {
+        0: 14, 1: 6, 2: 3,
+    }
+
+
+def test_a_partition_being_trained_is_busy_for_the_others_until_finished(
+    client: redis.Redis,
+) -> None:
+    a, b = GroupSync(client, "g", member="a"), GroupSync(client, "g", member="b")
+    mine = consumed(0, range(0, 5))
+    assert _kept(a, mine) == [(0, o) for o in range(5)]
+    # b was given partition 0 in a rebalance while a trains: it waits for a's batch
+    # (its records of partition 0 are given back), and trains partition 1 meanwhile.
+    theirs = consumed(0, range(0, 8)) + consumed(1, range(0, 2))
+    claimed = b.claim(theirs, list(range(len(theirs))))
+    assert claimed.busy == {0} and [theirs[i].partition for i in claimed.kept] == [1, 1]
+    assert b.finish([theirs[i] for i in claimed.kept]) == []
+    with pytest.raises(PartitionsBusy):  # nothing free at all: the loop retries later
+        b.claim(theirs[:8], list(range(8)))
+    assert a.finish(mine) == []
+    assert _kept(b, theirs[:8]) == [(0, 5), (0, 6), (0, 7)]  # after a's batch, only the rest
+    assert b.finish(theirs[:8]) == [] and b.given_back == 1 and b.busy_waits == 1
+
+
+def test_a_member_stalled_past_its_claim_is_fenced(client: redis.Redis) -> None:
+    clock = ManualClock()
+    a = GroupSync(client, "g", member="a", clock=clock, claim_ttl_s=3.0)
+    b = GroupSync(client, "g", member="b", clock=clock, claim_ttl_s=3.0)
+    batch = consumed(0, range(0, 5))
+    _kept(a, batch)
+    clock.now += 0.9
+    assert a.fence(), "young claims are not even asked about"
+    clock.now += 0.2
+    assert a.fence()  # renewed in Redis: a third of the TTL had passed
+    clock.now += 3.5  # a stalls: its claim expires and b takes the partition
+    assert _kept(b, batch) == [(0, o) for o in range(5)]
+    assert not a.fence() and a.fenced == 1, "a must drop its batch before writing"
+    a.abandon()
+    assert b.finish(batch) == []
+    # The late case: a passed its fence, then stalled past the TTL before finishing.
+    later = consumed(0, range(5, 9))
+    _kept(a, later)
+    assert a.fence()
+    clock.now += 3.5
+    assert _kept(b, later) == [(0, o) for o in range(5, 9)]
+    assert a.finish(later) == [0] and a.fenced_late == 1, "refused: b holds the claim"
+    assert int(client.hget(a.progress_key, "0")) == 5, "the refused finish moved nothing"
+    assert b.finish(later) == []
+    assert int(client.hget(a.progress_key, "0")) == 9
+
+
+def test_a_finish_retried_after_a_lost_reply_is_not_refused(client: redis.Redis) -> None:
+    a = GroupSync(client, "g", member="a")
+    batch = consumed(3, range(0, 4))
+    _kept(a, batch)
+    held = dict(a._held)
+    assert a.finish(batch) == []
+    a._held = held  # the reply was lost: the loop's retry calls it again
+    assert a.finish(batch) == [] and a.fenced_late == 0
+    assert int(client.hget(a.progress_key, "3")) == 4
 
 
 def test_one_member_holds_the_exporter_lease_until_it_leaves_or_dies(

@@ -133,10 +133,14 @@ def build(
     dedupe = DedupeWindow(cfg.dedupe_window)
     joiner = Joiner(LabelPolicy(cfg, settings.features), cfg.join_window_ms, cfg.joiner_max_entries)
     join = Join(resources, joiner, ranker, served, progress, shared)
+    decode = Decode(dedupe, group, shared)
     return Pipeline(
-        decode=Decode(dedupe, group, shared),
+        decode=decode,
         join=join,
-        rank=Rank(resources, model, ranker, metrics, shared, on_scored),
+        rank=Rank(
+            resources, model, ranker, metrics, shared, on_scored,
+            fence=None if group is None else decode.fence,
+        ),
         record=Record(
             settings.data_dir / "trainer" / cfg.group_id, progress, dedupe, join, group,
             metrics, shared, durable_sparse=settings.sparse.backend != "memory",

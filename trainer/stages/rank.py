@@ -6,6 +6,11 @@ checkpoint), and, when they live in this process, the sparse tables
 durable tables and shared stores keep their own state. Pushes to Redis run
 beside the activity record (:meth:`~trainer.step.Trainer.advance`) and
 have landed (:meth:`~trainer.step.Trainer.settle`) when the stage returns.
+
+In a group, the first write of a batch (its push, its activity) waits on the
+``fence`` the decode stage gives (:meth:`~trainer.stages.decode.Decode.fence`):
+a batch whose partitions' claims another member took meanwhile is dropped
+here, before it writes anything.
 """
 
 from __future__ import annotations
@@ -43,8 +48,11 @@ class Rank:
         metrics: TrainerMetrics,
         shared: Shared,
         on_scored: OnScored | None = None,
+        fence: Callable[[Batch], bool] | None = None,
     ) -> None:
         self.resources = resources
+        self.fence = fence
+        """Called before a batch's first write; False: the batch was dropped (emptied)."""
         self.model = model
         self.ranker = ranker
         self.metrics = metrics
@@ -56,6 +64,9 @@ class Rank:
 
     def process(self, batch: Batch) -> Batch:
         retry = self.shared.retry
+        writes = batch.samples or batch.events
+        if writes and self.fence is not None and not self.fence(batch):
+            return batch
         if batch.samples:
             batch.unique_keys = self._train(batch.samples)
         self.ranker.advance()  # Redis applies the pushes while the activity is recorded

@@ -1,4 +1,4 @@
-"""Record: a trained batch's progress, journal, group claims and audit trail.
+"""Record: a trained batch's progress, journal, group progress and audit trail.
 
 Owns :class:`~trainer.stages.base.Progress` (``positions`` and
 ``log_times`` in a checkpoint), the trainer's running totals (``*_total``,
@@ -78,7 +78,8 @@ class Record:
                 fh.write(json.dumps(ids) + "\n")
         group = self.group
         if group is not None:  # the group's progress, right after the journal line
-            self.shared.retry(lambda: group.trained(records))
+            if self.shared.retry(lambda: group.finish(records)):
+                batch.samples = []  # another member trained it too: not the towers again
         self.join.trained_to(max(r.log_ts for r in records))
         if self.audit:
             self._trained_ids += ids
