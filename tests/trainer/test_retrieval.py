@@ -21,7 +21,7 @@ from feature_store.sparse import open_table
 from tests.factories import BASE_TS, make_event
 from trainer.labels import Sample
 from trainer.retrieval import FrequencyEstimate, RetrievalTrainer
-from trainer.retrieval_export import video_vectors
+from trainer.retrieval_export import VideoInputs, video_vectors
 
 SCHEMA = default_schema()
 GROUPS = 8
@@ -101,6 +101,45 @@ def test_towers_learn_a_planted_structure(tmp_path: Path) -> None:
         for u, row in zip(users, top, strict=True)
     ])
     assert hits > 0.6, hits  # chance: 0.125
+
+
+def test_kept_video_inputs_give_the_fresh_vectors(tmp_path: Path) -> None:
+    """Exports keep the videos' features, never their vectors: after training and a
+    catalog change (a video edited, one hidden, one removed, one added, the rest read
+    back as new objects, as from Redis), the vectors are a fresh export's, bit for bit."""
+    torch.manual_seed(1)
+    rng = np.random.default_rng(3)
+    videos = _videos()
+    retrieval = _retrieval(tmp_path, batch_size=32)
+    inputs = VideoInputs(retrieval.towers.video)
+    ids, first = video_vectors(retrieval, videos, inputs)
+    fresh_ids, fresh = video_vectors(retrieval, videos)
+    assert ids == fresh_ids and inputs.extracted == len(videos)
+    np.testing.assert_array_equal(first, fresh)
+
+    for _ in range(5):  # the weights move between exports
+        retrieval.add(_samples(rng, videos, 32))
+        assert retrieval.step()
+    edited = videos[0].model_copy(update={"category": "cat7", "title": "now another"})
+    hidden = videos[1].model_copy(update={"hidden": True})
+    added = videos[5].model_copy(update={"video_id": "new-1", "tags": ("t3",)})
+    changed = [edited, hidden, *(v.model_copy() for v in reversed(videos[3:])), added]
+    ids, second = video_vectors(retrieval, changed, inputs)
+    fresh_ids, fresh = video_vectors(retrieval, changed)
+    assert ids == fresh_ids == [v.video_id for v in changed if not v.hidden]
+    np.testing.assert_array_equal(second, fresh)
+    assert inputs.extracted == len(videos) + 2  # only the edited and the added video
+    kept = ids.index(videos[10].video_id)
+    assert not np.allclose(second[kept], first[10])  # the current weights, not old vectors
+
+    back = [*changed, videos[1], videos[2]]  # unhidden and restored: featurised again
+    ids, third = video_vectors(retrieval, back, inputs)
+    fresh_ids, fresh = video_vectors(retrieval, back)
+    assert ids == fresh_ids
+    np.testing.assert_array_equal(third, fresh)
+    assert inputs.extracted == len(videos) + 4
+    with pytest.raises(ValueError, match="other video columns"):
+        video_vectors(retrieval, back, VideoInputs(retrieval.towers.user))
 
 
 def test_only_chosen_positives_are_trained(tmp_path: Path) -> None:

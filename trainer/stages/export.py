@@ -21,6 +21,7 @@ from trainer.export import publish
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.retrieval import RetrievalTrainer
+from trainer.retrieval_export import VideoInputs
 from trainer.retrieval_export import writer as retrieval_writer
 from trainer.stages.base import Batch, Checkpoint, Progress, Shared
 
@@ -48,6 +49,9 @@ class Export:
         self.group = group
         self.metrics = metrics
         self.shared = shared
+        self.video_inputs = None if retrieval is None else VideoInputs(retrieval.towers.video)
+        """The catalog's featurised videos, kept across exports (the towers' vectors are
+        computed afresh at each)."""
         self.last_version: str | None = None
         self.batches_since = 0
         """Batches of records trained since the last export."""
@@ -87,7 +91,9 @@ class Export:
         if self.retrieval is not None:
             artifacts = (
                 list(ARTIFACTS),
-                retrieval_writer(self.retrieval, self.resources.catalog.iter_all()),
+                retrieval_writer(
+                    self.retrieval, self.resources.catalog.iter_all(), self.video_inputs
+                ),
             )
             extra[MANIFEST_KEY] = self.retrieval.towers.describe()
         with self.shared.lock:
