@@ -23,6 +23,12 @@ its end even when another fails, and reports its own outcome.
 trainer begins a batch's pushes (:func:`start_pushes`), runs its dense step,
 advances them one round, records the batch's activity while Redis applies
 the writes, and finishes them before its journal line.
+
+The serving path does the same with the stores' reads of a request
+(:func:`stepped`: a Redis store's ``history_steps``, ``read_steps``,
+``covisited_steps``, else the plain read as one step): the history and
+the feedback in one round trip, the co-visitation counts begun before the
+towers' row reads and finished after them (:func:`alongside`).
 """
 
 from __future__ import annotations
