@@ -56,7 +56,8 @@ class FreezeAfterStartup:
     backends, the model, the caches: most of a process's objects) lives as
     long as the process. Left in the collector's oldest generation, every full
     collection walks all of it, holding the GIL: 95-270 ms each at the
-    overload benchmark's size (~300,000 objects), a stall of the event loop,
+    overload benchmark's size (~300,000 objects, timed at load 5-8 on 2
+    cores), a stall of the event loop,
     liveness and refusals included (docs/benchmarks.md, *Overload*). Frozen,
     a full collection walks only what was made since. Only the server runs
     it: a test process opens many apps, and each would pay a full collection.
