@@ -1,6 +1,7 @@
 """The recommend use case: candidates, filters, scoring, top-K, and the fallbacks.
 
-Normal path: the user's history (one read), candidates (given, or retrieved
+Normal path: the user's history and feedback (read together: with Redis stores one
+round trip, :mod:`feature_store.sparse.steps`), candidates (given, or retrieved
 from the sources), then :class:`~app.scoring.scorer.Scorer`: it maps the ids
 to rows of its per-video arrays (reading from the catalog and the counters
 only what it lacks or what changed: :mod:`app.scoring.video_table`), filters
@@ -40,7 +41,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -66,6 +67,8 @@ from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.runtime.log_summary import LogSummary
 from feature_store.runtime.worker import periodic
 from feature_store.settings import ApiSettings
+from feature_store.signals.feedback.base import FeedbackView
+from feature_store.sparse.steps import alongside, run, stepped
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +214,7 @@ class Recommender:
     ) -> RecommendResponse:
         t0 = time.perf_counter()
         now_ms = int(self.clock() * 1000)
-        history = self.activity.history(request.user_id)
+        history, feedback = self._user_reads(request.user_id, now_ms)
         query, vector = self._query(request, history, now_ms, model)
         found = self._candidates(request, query)
         self.metrics.observe_stage("candidates", time.perf_counter() - t0)
@@ -236,7 +239,8 @@ class Recommender:
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
         ranked = self._rank(
-            request, query, found, scores, affinity, count, model, fusion, (new, reference)
+            request, query, found, scores, affinity, count, model, fusion, (new, reference),
+            feedback,
         )
         order = ranked.order
         explained = None
@@ -253,6 +257,18 @@ class Recommender:
                 assigned.tag if assigned is not None else None,
             ))
         return response
+
+    def _user_reads(
+        self, user_id: str, now_ms: int
+    ) -> tuple[list[HistoryEntry], FeedbackView | None]:
+        """The user's history and, for the rerank, feedback: read together, so with Redis
+        stores they cost one round trip (:mod:`feature_store.sparse.steps`)."""
+        reads = [stepped(self.activity, "history", user_id)]
+        if self.rerank is not None:
+            reads.append(stepped(self.rerank.feedback, "read", user_id, now_ms))
+        results = run(reads)
+        history = cast(list[HistoryEntry], results[0])
+        return history, cast(FeedbackView, results[1]) if len(results) > 1 else None
 
     def pool(self, request: RecommendRequest) -> Pool:
         """The candidate pool the sources would propose for ``request`` now (before the
@@ -273,17 +289,21 @@ class Recommender:
         """What the sources know of the request, and the user's tower vector (None: no
         towers, or a user without history)."""
         towers = model.retrieval if model is not None else None
-        vector = None
-        if towers is not None and history:
-            vector = towers.query_vector(
-                request.user_id, now_ms, request.context,
-                history[: self.scorer.schema.history_len],  # what the towers trained on
-                self.scorer.row_reader(model), self.settings.covisit_window,
-            )
         query = CandidateQuery(
             request.user_id, history, now_ms,
             exclude=frozenset(h.video_id for h in history) if request.exclude_seen else (),
         )
+        vector = None
+        if towers is not None and history:
+            # The co-visitation read travels with the towers' row reads: one round trip.
+            vector = alongside(
+                self.retriever.covisit_steps(query, given=request.candidates is not None),
+                partial(
+                    towers.query_vector, request.user_id, now_ms, request.context,
+                    history[: self.scorer.schema.history_len],  # what the towers trained on
+                    self.scorer.row_reader(model), self.settings.covisit_window,
+                ),
+            )
         if towers is not None and vector is not None:
             query.nearest = partial(_nearest, towers, vector)
         return query, vector
@@ -318,10 +338,12 @@ class Recommender:
         model: LoadedModel,
         fusion: Fusion | None,
         scored_anonymous: tuple[np.ndarray | None, np.ndarray | None] = (None, None),
+        feedback: FeedbackView | None = None,
     ) -> Ranked:
         """The reranked scores and the response's rows, best first, by :func:`fuse`.
         ``scored_anonymous``: candidate positions and their anonymous scores, scored with
-        the user's (what the cold start asks for, see :meth:`Scorer.score_rows`)."""
+        the user's (what the cold start asks for, see :meth:`Scorer.score_rows`).
+        ``feedback``: the user's, read with the history (None: the rerank reads it)."""
         covisits = found.pool.covisits
         terms = bonus_terms(
             len(found.ids),
@@ -347,6 +369,7 @@ class Recommender:
         reranked, order = self.rerank.rerank(
             request.user_id, query.now_ms, query.history, request.exclude_served, found.ids,
             self.scorer.extractor.table, found.rows, scores, count, bonus, anonymous, trace,
+            feedback,
         )
         return Ranked(reranked, order, terms, trace)
 

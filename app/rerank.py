@@ -203,15 +203,18 @@ class Reranker:
         bonus: npt.NDArray[np.float64] | None = None,
         anonymous: AnonymousScores | None = None,
         trace: RerankTrace | None = None,
+        view: FeedbackView | None = None,
     ) -> tuple[Scores, Indices]:
         """Reranked scores, and the response's rows in ``video_ids`` best first.
         ``bonus``: what the ranking adds to the log of a score
         (:func:`app.scoring.ranking.ranking_bonus`); merit is ``log score + bonus``.
         ``anonymous``: the model's scores of candidate positions for an anonymous user
         (asked for the new videos only; None: no lift, see :mod:`app.cold_start`).
-        ``trace``: filled with what was done (an explained request)."""
+        ``trace``: filled with what was done (an explained request). ``view``: the user's
+        feedback at ``now_ms``, when the caller read it already (with the history)."""
         s = self.settings
-        view = self.feedback.read(user_id, now_ms)
+        if view is None:
+            view = self.feedback.read(user_id, now_ms)
         served = s.exclude_served if exclude_served is None else exclude_served
         drop = excluded(view, history, table, rows, served)
         facts = self._facts()

@@ -30,12 +30,14 @@ that answered).
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.supervisors import Multiprocess
 
 from app.main import Extension, create_app
@@ -47,12 +49,43 @@ from feature_store.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def _serve(app: object, host: str, port: int, switch_interval_ms: float) -> int:
+class FreezeAfterStartup:
+    """ASGI wrapper: once the lifespan's start-up is complete, collect and ``gc.freeze()``.
+
+    What start-up built (the catalog, the stores and tables of the in-process
+    backends, the model, the caches: most of a process's objects) lives as
+    long as the process. Left in the collector's oldest generation, every full
+    collection walks all of it, holding the GIL: 95-270 ms each at the
+    overload benchmark's size (~300,000 objects, timed at load 5-8 on 2
+    cores), a stall of the event loop,
+    liveness and refusals included (docs/benchmarks.md, *Overload*). Frozen,
+    a full collection walks only what was made since. Only the server runs
+    it: a test process opens many apps, and each would pay a full collection.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                gc.collect()
+                gc.freeze()
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+def _serve(app: ASGIApp, host: str, port: int, switch_interval_ms: float) -> int:
     # The loop hands scoring to a thread and waits for the GIL at each wake-up: a shorter
     # switch interval keeps it, liveness and refusals responsive (api.switch_interval_ms).
     sys.setswitchinterval(switch_interval_ms / 1000)
     config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
+        FreezeAfterStartup(app),
         host=host,
         port=port,
         log_config=None,  # keep the CLI's logging setup
@@ -155,4 +188,4 @@ def worker_app() -> object:
     sys.setswitchinterval(settings.api.switch_interval_ms / 1000)
     if tracing.configure(settings.tracing, "api"):
         atexit.register(tracing.shutdown)  # the worker's lifetime: flushed when it exits
-    return create_app(settings)
+    return FreezeAfterStartup(create_app(settings))

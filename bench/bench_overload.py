@@ -29,7 +29,11 @@ Goals (issue #22): 0 liveness failures and liveness within 100 ms; every
 admitted recommend within its deadline (``api.recommend_deadline_ms``, 250
 ms); every refusal within 50 ms; normal within 2 s of the load's end.
 Client and server share the machine's cores, so every latency includes the
-client's own scheduling; the machine and its load average are printed.
+client's own scheduling; the machine and its load average are printed, and
+so is the client's own share: the requests it began more than 10 ms after
+their scheduled time (its task ran late: no core for the client) among the
+tails, and its event loop's lag (how late a 2 ms sleep wakes; a late client
+also reads its answers late, which no count here separates).
 ``--server-tree`` runs the server from another checkout (the code before a
 change) on the same data. ``--event-log kafka`` has the events acknowledged
 by a Kafka-protocol broker (Tansu) on the same machine instead of the
@@ -77,6 +81,9 @@ LIVENESS_GOAL_MS = 100.0
 LIVENESS_TIMEOUT_S = 2.0
 """The manifests' ``livenessProbe.timeoutSeconds``."""
 MAX_CONNECTIONS = 256
+CLIENT_LATE_MS = 10.0
+"""A request the client began this much after its scheduled time was delayed by the
+client (it had no core), not by the server: counted apart."""
 
 
 def machine() -> str:
@@ -148,16 +155,35 @@ def classify(kind: str, status: int, body: bytes) -> str:
     return "normal" if status == 200 else f"status_{status}"
 
 
+Result = tuple[str, str, float, float]
+"""(kind, class, latency ms from the scheduled time, ms the client itself started it late)."""
+
+
+async def _lag_monitor(lags: list[float], period_s: float = 0.002) -> None:
+    """The client's own loop lag: how late a ``period_s`` sleep wakes, ms (the client
+    shares the cores: a late wake-up delays its sends and its reads alike)."""
+    while True:
+        t = time.monotonic()
+        await asyncio.sleep(period_s)
+        lags.append((time.monotonic() - t - period_s) * 1000)
+
+
 async def _open_loop(
-    port: int, schedule: list[tuple[float, str, bytes]], limit: int
-) -> list[tuple[str, str, float]]:
-    """Send each ``(offset_s, kind, payload)`` at its offset; (kind, class, latency ms)."""
+    port: int, schedule: list[tuple[float, str, bytes]], limit: int, lags: list[float]
+) -> list[Result]:
+    """Send each ``(offset_s, kind, payload)`` at its offset; a :data:`Result` each.
+
+    Times are ``time.monotonic()`` (uvloop's ``loop.time()`` is cached per
+    iteration, in ms). A request's latency runs from its scheduled time; apart,
+    how late the client itself began it (its task ran late: the client had no
+    core), before it waited for a connection or the server."""
     conns = _Connections(port, limit)
-    loop = asyncio.get_running_loop()
-    results: list[tuple[str, str, float]] = []
+    results: list[Result] = []
+    monitor = asyncio.create_task(_lag_monitor(lags))
 
     async def one(intended: float, kind: str, payload: bytes) -> None:
         conn = None
+        late_ms = (time.monotonic() - intended) * 1000
         try:
             conn, reused = await conns.take()
             try:
@@ -170,35 +196,39 @@ async def _open_loop(
                 conn[1].close()
                 conn = await conns.fresh()
                 status, body = await _exchange(conn, payload)
-            results.append((kind, classify(kind, status, body), (loop.time() - intended) * 1000))
+            latency_ms = (time.monotonic() - intended) * 1000
+            results.append((kind, classify(kind, status, body), latency_ms, late_ms))
         except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
             if conn is not None:
                 conn[1].close()
                 conn = None
-            results.append((kind, "error", (loop.time() - intended) * 1000))
+            results.append((kind, "error", (time.monotonic() - intended) * 1000, late_ms))
         finally:
             conns.give_back(conn)
 
-    start = loop.time() + 0.05
+    start = time.monotonic() + 0.05
     tasks = []
     for offset, kind, payload in schedule:
-        delay = start + offset - loop.time()
+        delay = start + offset - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(start + offset, kind, payload)))
     await asyncio.gather(*tasks)
+    monitor.cancel()
     for _, writer in conns.idle:
         writer.close()
     return results
 
 
-def open_loop(port: int, schedule: list[tuple[float, str, bytes]]) -> list[tuple[str, str, float]]:
+def open_loop(
+    port: int, schedule: list[tuple[float, str, bytes]], lags: list[float]
+) -> list[Result]:
     try:
         import uvloop
 
-        return uvloop.run(_open_loop(port, schedule, MAX_CONNECTIONS))
+        return uvloop.run(_open_loop(port, schedule, MAX_CONNECTIONS, lags))
     except ImportError:
-        return asyncio.run(_open_loop(port, schedule, MAX_CONNECTIONS))
+        return asyncio.run(_open_loop(port, schedule, MAX_CONNECTIONS, lags))
 
 
 # --- liveness, as a kubelet probes it ----------------------------------------------------
@@ -278,7 +308,8 @@ def overload(port: int, rate: float, seconds: float, recommends: list[bytes]) ->
     prober = ctx.Process(target=_probe_liveness, args=(port, time.time() + seconds + 1, probes))
     prober.start()
     started = time.perf_counter()
-    results = open_loop(port, schedule)
+    lags: list[float] = []
+    results = open_loop(port, schedule, lags)
     load_s = time.perf_counter() - started
     liveness = probes.get(timeout=seconds + 60)
     prober.join()
@@ -287,18 +318,24 @@ def overload(port: int, rate: float, seconds: float, recommends: list[bytes]) ->
     for kind in ("recommend", "events"):
         mine = [r for r in results if r[0] == kind]
         classes: dict[str, list[float]] = {}
-        for _, cls, ms in mine:
+        for _, cls, ms, _ in mine:
             classes.setdefault(cls, []).append(ms)
         out[kind] = {cls: percentiles(ms) for cls, ms in sorted(classes.items())}
         out[kind]["sent"] = len(mine)
     recommends = out["recommend"]
-    admitted = [ms for r in results if r[0] == "recommend" and r[1] in ("normal", "deadline")
-                for ms in [r[2]]]
-    refused = [r[2] for r in results if r[1] == "refused"]
+    admitted = [r for r in results if r[0] == "recommend" and r[1] in ("normal", "deadline")]
+    refused = [r for r in results if r[1] == "refused"]
+    over = [r for r in admitted if r[2] > DEADLINE_MS]
+    slow = [r for r in refused if r[2] > REFUSAL_GOAL_MS]
     out["admitted_recommends"] = len(admitted)
-    out["admitted_over_deadline"] = sum(ms > DEADLINE_MS for ms in admitted)
+    out["admitted_over_deadline"] = len(over)
     out["refusals"] = len(refused)
-    out["refusals_over_50ms"] = sum(ms > REFUSAL_GOAL_MS for ms in refused)
+    out["refusals_over_50ms"] = len(slow)
+    # The client's share: tails of requests the client itself began late, and its loop lag.
+    out["client_late_over_deadline"] = sum(r[3] > CLIENT_LATE_MS for r in over)
+    out["client_late_refusals_over_50ms"] = sum(r[3] > CLIENT_LATE_MS for r in slow)
+    out["client_began_late"] = sum(r[3] > CLIENT_LATE_MS for r in results)
+    out["client_loop_lag"] = {"over_10ms": sum(lag > 10 for lag in lags), **percentiles(lags)}
     # Over the time the answers took: a server that queues answers them long after.
     out["normal_recommends_per_s"] = round(
         recommends.get("normal", {}).get("count", 0) / max(seconds, load_s), 1
@@ -380,6 +417,11 @@ def run(seconds: float, factor: float, candidates: int,
     return results
 
 
+def late(o: dict[str, Any], key: str) -> str:
+    """ ``(n of them began late in the client)``, where the results have the count."""
+    return f" ({o[key]} of them began > 10 ms late in the client)" if key in o else ""
+
+
 def table(r: dict[str, Any]) -> str:
     o, m = r["overload"], r["meta"]
     rec, ev, live = o["recommend"], o["events"], o["liveness"]
@@ -406,8 +448,11 @@ def table(r: dict[str, Any]) -> str:
          str(sum(v["count"] for k, v in rec.items() if k not in ("normal", "deadline",
              "refused", "sent") and isinstance(v, dict)))),
         (f"admitted recommends over the {m['deadline_ms']:.0f} ms deadline",
-         f"{o['admitted_over_deadline']} of {o['admitted_recommends']}"),
-        ("refusals over 50 ms", f"{o['refusals_over_50ms']} of {o['refusals']}"),
+         f"{o['admitted_over_deadline']} of {o['admitted_recommends']}"
+         f"{late(o, 'client_late_over_deadline')}"),
+        ("refusals over 50 ms",
+         f"{o['refusals_over_50ms']} of {o['refusals']}"
+         f"{late(o, 'client_late_refusals_over_50ms')}"),
         ("normal answers per second, until the last answer (vs sustainable)",
          f"{o['normal_recommends_per_s']} ({share:.2f}x)"),
         ("event posts: accepted", cls(ev, "normal")),
@@ -416,6 +461,10 @@ def table(r: dict[str, Any]) -> str:
         ("liveness probes: failures / over 100 ms",
          f"{live['failures']} / {live['over_100ms']} of {live['probes']} "
          f"(p50 {live.get('p50_ms')}, p99 {live.get('p99_ms')}, max {live.get('max_ms')} ms)"),
+        ("the client's own delays: requests it began > 10 ms late; its loop's lag",
+         f"{o.get('client_began_late', '-')} of {o['recommend']['sent'] + o['events']['sent']};"
+         f" lag p99 {o.get('client_loop_lag', {}).get('p99_ms')}, max "
+         f"{o.get('client_loop_lag', {}).get('max_ms')} ms"),
         ("last answer after the schedule ended", f"{o['wall_s'] - o['seconds']:.1f} s"),
         ("back to normal after the load stopped",
          f"{r['recovery_s']} s (the answers owed, then a recommend within "

@@ -7,7 +7,10 @@ redis-server, opens the service and calls ``Recommender.recommend`` in a
 loop: 500 given candidates, then retrieval requests. Per request: wall and
 thread CPU time (ms), and from Redis's ``INFO stats`` the commands and the
 reads it processed (a read is one connection's input handled once: about
-one round trip of one connection). Wall minus CPU is the time the request
+one round trip of one connection), and, in a separate pass of 50 requests,
+the round trips the request waited for one after the other (:class:`RoundTrips`:
+several connections' commands sent before the first reply is read count once).
+Wall minus CPU is the time the request
 waited, mostly for Redis and, on a loaded machine, for a core after each
 reply (docs/benchmarks.md, "Serving speed (issue #24)"). Run it from the
 root of each tree to compare, one after the other.
@@ -16,11 +19,15 @@ root of each tree to compare, one after the other.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,49 @@ from bench.bench_serving import (  # noqa: E402
     make_requests,
     prepare,
 )
+
+
+class RoundTrips:
+    """Counts the round trips a thread waits for: each time it reads a socket after having
+    written to one (``s s r r``: one, two connections' commands sent together; ``s r s
+    r``: two, one after the other). Patches ``socket.socket`` while :meth:`counting`;
+    a separate pass, as the patch costs time of its own."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._sent = False
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        sock = socket.socket
+        sendall, recv_into, recv = sock.sendall, sock.recv_into, sock.recv
+        me = threading.get_ident()
+
+        def sent(sock: socket.socket, *args: Any) -> Any:
+            if threading.get_ident() == me:
+                self._sent = True
+            return sendall(sock, *args)
+
+        def reading(read: Any) -> Any:
+            def read_(sock: socket.socket, *args: Any) -> Any:
+                if self._sent and threading.get_ident() == me:
+                    self._sent = False
+                    self.count += 1
+                return read(sock, *args)
+            return read_
+
+        socket.socket.sendall = sent  # type: ignore[method-assign]
+        socket.socket.recv_into = reading(recv_into)  # type: ignore[method-assign]
+        socket.socket.recv = reading(recv)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            socket.socket.sendall, socket.socket.recv_into = sendall, recv_into  # type: ignore[method-assign]
+            socket.socket.recv = recv  # type: ignore[method-assign]
+
+
+TRACED = 50
+"""Requests of the separate pass that counts round trips."""
 
 
 def main() -> int:
@@ -70,7 +120,12 @@ def main() -> int:
                 wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
                 after = client.info("stats")
                 n = args.requests
+                trips = RoundTrips()
+                with trips.counting():
+                    for i in range(TRACED):
+                        recommender.recommend(requests[i % len(requests)])
                 out[name] = {
+                    "round_trips": round(trips.count / TRACED, 1),
                     "wall_ms": round(wall * 1000 / n, 2),
                     "cpu_ms": round(cpu * 1000 / n, 2),
                     "commands": round(

@@ -37,6 +37,7 @@ from app.candidates.sources import (
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
+from feature_store.sparse.steps import Steps
 
 OVERASK = 1.5
 """Each source is asked for this much more than its share: some proposals are seen, hidden
@@ -110,15 +111,36 @@ class Retriever:
             return {}
         return dict(self.covisit.read(query, self.settings.source_limit))
 
-    def retrieve(self, query: CandidateQuery) -> Pool:
-        """The pool for ``query`` (see the module docstring)."""
+    def covisit_steps(self, query: CandidateQuery, given: bool) -> Steps[object] | None:
+        """The co-visitation read ``query`` will make, as steps, with the limit it will
+        make it with (the ranking term's for ``given`` candidates, else the covisit
+        source's ask): begun before the towers' row reads, both take one round trip with
+        Redis. None when the query reads none."""
+        if not query.watched:
+            return None
+        if given:
+            return self.covisit.read_steps(query, self.settings.source_limit)
+        for source, _, wanted in self._asks(query):
+            if source.name == COVISIT:
+                return self.covisit.read_steps(query, wanted)
+        return None
+
+    def _asks(self, query: CandidateQuery) -> list[tuple[CandidateSource, float, int]]:
+        """The sources asked for ``query``, each with its share and how many videos."""
         personal = bool(query.history)
         plan = [(s, share) for s, share in self.plan if personal or not s.personal]
         total = sum(share for _, share in plan)
         cap = self.settings.max_candidates
+        return [
+            (source, share,
+             min(self.settings.source_limit, math.ceil(share / total * cap * OVERASK)))
+            for source, share in plan
+        ]
+
+    def retrieve(self, query: CandidateQuery) -> Pool:
+        """The pool for ``query`` (see the module docstring)."""
         proposals: list[tuple[str, float, Proposal]] = []
-        for source, share in plan:
-            wanted = min(self.settings.source_limit, math.ceil(share / total * cap * OVERASK))
+        for source, share, wanted in self._asks(query):
             proposals.append((source.name, share, source.propose(query, wanted)))
         pool = merge(proposals)
         for name, _, proposal in proposals:

@@ -24,6 +24,7 @@ from feature_store.activity.base import HistoryEntry, watched
 from feature_store.catalog.base import CatalogStore
 from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
+from feature_store.sparse.steps import Steps, stepped
 
 EMBEDDING = "embedding"
 """Nearest videos to the user's two-tower vector (``app/scoring/retrieval.py``)."""
@@ -120,6 +121,16 @@ class Covisit:
         if query.covisits is None:
             recent = [entry.video_id for entry in query.watched[: self.window]]
             query.covisits = self.signals.covisited(recent, limit) if recent else []
+        return query.covisits
+
+    def read_steps(self, query: CandidateQuery, limit: int) -> Steps[list[tuple[str, float]]]:
+        """:meth:`read` as steps (:mod:`feature_store.sparse.steps`): with Redis signals,
+        its read shares a round trip with the request's other reads."""
+        if query.covisits is None:
+            recent = [entry.video_id for entry in query.watched[: self.window]]
+            query.covisits = (
+                (yield from stepped(self.signals, "covisited", recent, limit)) if recent else []
+            )
         return query.covisits
 
     def propose(self, query: CandidateQuery, limit: int) -> Proposal:

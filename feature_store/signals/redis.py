@@ -43,6 +43,8 @@ from feature_store.signals.base import (
     interleave,
     trending_increments,
 )
+from feature_store.sparse.resp import command_steps, score_pairs
+from feature_store.sparse.steps import Steps
 
 PAIR_TTL_S = 30 * 24 * 3600
 """Seconds a video's partner list lives after its last update."""
@@ -55,6 +57,16 @@ def signal_errors(operation: str) -> AbstractContextManager[None]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _strongest(replies: Sequence[Sequence[Any]], limit: int) -> list[tuple[str, float]]:
+    """The partners in ``ZREVRANGE ... WITHSCORES`` replies, weights summed, strongest
+    first, at most ``limit``."""
+    sums: dict[str, float] = defaultdict(float)
+    for rows in replies:
+        for other, weight in rows:
+            sums[_text(other)] += float(weight)
+    return sorted(sums.items(), key=lambda item: item[1], reverse=True)[:limit]
 
 
 class RedisSignals:
@@ -184,11 +196,22 @@ class RedisSignals:
             for video in video_ids:
                 pipe.zrevrange(COVISIT + video, 0, limit - 1, withscores=True)
             replies = pipe.execute()
-        sums: dict[str, float] = defaultdict(float)
-        for rows in replies:
-            for other, weight in rows:
-                sums[_text(other)] += float(weight)
-        return sorted(sums.items(), key=lambda item: item[1], reverse=True)[:limit]
+        return _strongest(replies, limit)
+
+    def covisited_steps(
+        self, video_ids: Sequence[str], limit: int
+    ) -> Steps[list[tuple[str, float]]]:
+        """:meth:`covisited` as steps (:mod:`feature_store.sparse.steps`), to be read in the
+        same round trip as other reads of the request (a cluster's: at once)."""
+        if not video_ids or isinstance(self.client, RedisCluster):
+            return self.covisited(video_ids, limit)
+        commands = [
+            ("ZREVRANGE", COVISIT + video, 0, limit - 1, "WITHSCORES") for video in video_ids
+        ]
+        replies = yield from command_steps(
+            self.client, commands, StoreUnavailable, "signals covisited failed"
+        )
+        return _strongest([score_pairs(reply) for reply in replies], limit)
 
     def creator_videos(self, creator_ids: Sequence[str], limit: int) -> list[str]:
         return self._interleaved_tops("creator_videos", CREATOR_VIDEOS, creator_ids, limit)

@@ -13,7 +13,8 @@ break on a redis-py upgrade, is in this module and pinned by
 ``tests/feature_store/test_resp.py`` to :data:`REDIS_PY_TESTED`:
 
 - :func:`read_replies` reads through the connection's private ``_parser``;
-- :func:`borrowed` takes connections from a client's pool by hand;
+- :func:`borrowed` takes connections from a client's pool by hand (and
+  :func:`command_steps`, the stores' reads issued together with others);
 - :func:`node_for_slot` and :func:`refresh_slots` use a
   :class:`~redis.cluster.RedisCluster`'s ``nodes_manager``.
 
@@ -36,6 +37,7 @@ from redis.connection import AbstractConnection
 from feature_store.errors import BackendUnavailable, SparseTableUnavailable
 from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.sparse.base import Keys, Rows
+from feature_store.sparse.steps import Steps
 
 REDIS_PY_TESTED = "8.1"
 """The redis-py ``major.minor`` whose internals this module was checked against."""
@@ -155,6 +157,36 @@ def borrowed(
         raise
     finally:
         pool.release(conn)
+
+
+def command_steps(
+    client: redis.Redis,
+    commands: Sequence[tuple[Any, ...]],
+    error: type[BackendUnavailable],
+    what: str,
+) -> Steps[list[Any]]:
+    """``commands`` on one pooled connection of ``client``, as steps (:mod:`.steps`):
+    written at once, then, after the ``yield``, their replies read undecoded (an error
+    reply raises). Redis failures raise ``error("{what}: {cause}")``.
+
+    What lets a store's reads ride in the same round trip as other stores' reads: run
+    together (:func:`~feature_store.sparse.steps.run`), each holds its own connection and
+    every one's commands reach Redis before any reply is awaited, so the request waits
+    for Redis, and then for a core, once instead of once per store.
+    """
+    with borrowed(client.connection_pool, error, what) as conn:
+        conn.send_packed_command(conn.pack_commands(commands))
+        yield
+        return read_replies(conn, len(commands))
+
+
+def score_pairs(reply: Sequence[Any]) -> list[tuple[Any, float]]:
+    """A ``WITHSCORES`` reply read undecoded as (member, score) pairs, each score a float:
+    RESP3 nests each pair (its score a double already), RESP2 alternates them (the score
+    as text)."""
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return list(zip(reply[0::2], map(float, reply[1::2]), strict=True))
 
 
 def read_reply(conn: AbstractConnection) -> Any:

@@ -23,12 +23,18 @@ its end even when another fails, and reports its own outcome.
 trainer begins a batch's pushes (:func:`start_pushes`), runs its dense step,
 advances them one round, records the batch's activity while Redis applies
 the writes, and finishes them before its journal line.
+
+The serving path does the same with the stores' reads of a request
+(:func:`stepped`: a Redis store's ``history_steps``, ``read_steps``,
+``covisited_steps``, else the plain read as one step): the history and
+the feedback in one round trip, the co-visitation counts begun before the
+towers' row reads and finished after them (:func:`alongside`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Protocol, TypeGuard, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from feature_store.sparse.base import Keys, Rows, SparseTable
 
@@ -54,10 +60,20 @@ def _stepped(table: object) -> TypeGuard[SteppedTable]:
     return hasattr(table, "pull_steps") and hasattr(table, "push_steps")
 
 
-def _at_once(call: Callable[[], T]) -> Steps[T]:
-    """A blocking call as a single step."""
+def at_once(call: Callable[[], T]) -> Steps[T]:
+    """A blocking call as a single step (an operation that has no steps of its own)."""
     return call()
     yield  # unreachable: makes this a generator  # noqa: B901
+
+
+def stepped(store: object, method: str, *args: Any) -> Steps[Any]:
+    """``store.<method>_steps(*args)`` where the store has it (a Redis store: its read
+    can share a round trip), else ``store.<method>(*args)`` as one step."""
+    steps = getattr(store, method + "_steps", None)
+    if steps is not None:
+        return steps(*args)  # type: ignore[no-any-return]
+    call = getattr(store, method)
+    return at_once(lambda: call(*args))
 
 
 class Rounds:
@@ -124,11 +140,32 @@ def run_each(steps: Sequence[Steps[object]]) -> list[object]:
 
 def run(steps: Sequence[Steps[object]]) -> list[object]:
     """:func:`run_each`, raising the first error once every operation has ended."""
-    results = run_each(steps)
+    return raise_first(run_each(steps))
+
+
+def raise_first(results: list[object]) -> list[object]:
+    """``results`` (of :meth:`Rounds.finish`), or the first error among them raised."""
     for result in results:
         if isinstance(result, Exception):
             raise result
     return results
+
+
+def alongside(steps: Steps[object] | None, work: Callable[[], T]) -> T:
+    """``work()``, with ``steps`` begun before it and finished after it: their commands
+    are with Redis while ``work`` runs (its own round trips included), so they cost no
+    wait of their own. ``steps``' error is raised once ``work`` has returned; if
+    ``work`` raises, ``steps`` are abandoned (their connection dropped)."""
+    if steps is None:
+        return work()
+    rounds = Rounds([steps])
+    try:
+        result = work()
+    except BaseException:
+        rounds.close()
+        raise
+    raise_first(rounds.finish())
+    return result
 
 
 def pull_many(requests: Sequence[tuple[SparseTable, Keys]], *, train: bool) -> list[Rows]:
@@ -139,7 +176,7 @@ def pull_many(requests: Sequence[tuple[SparseTable, Keys]], *, train: bool) -> l
     steps = [
         table.pull_steps(keys, train=train)
         if _stepped(table)
-        else _at_once(lambda t=table, k=keys: t.pull(k, train=train))  # type: ignore[misc]
+        else at_once(lambda t=table, k=keys: t.pull(k, train=train))  # type: ignore[misc]
         for table, keys in requests
     ]
     return run(steps)  # type: ignore[return-value]
@@ -152,7 +189,7 @@ def start_pushes(requests: Sequence[tuple[SparseTable, Keys, Rows]]) -> Rounds:
         [
             table.push_steps(keys, grads)
             if _stepped(table)
-            else _at_once(lambda t=table, k=keys, g=grads: t.push(k, g))  # type: ignore[misc]
+            else at_once(lambda t=table, k=keys, g=grads: t.push(k, g))  # type: ignore[misc]
             for table, keys, grads in requests
         ]
     )

@@ -7,6 +7,8 @@ load: no timing is asserted (the figures are ``bench/bench_overload.py``'s).
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ import httpx
 import pytest
 
 from app.main import create_app
+from app.server import FreezeAfterStartup
 from feature_store.errors import ConfigurationError
 from feature_store.settings import Settings
 from tests.app.conftest import KEY, make_settings, serve_in_thread, wait_for
@@ -180,3 +183,33 @@ def test_ingest_over_its_limit_is_refused_at_once_and_the_broker_gets_the_remain
         # the broker's whole 10 s budget.
         assert 0 < held.calls[0][1]["timeout_s"] <= 4.5
         assert httpx.get(url + "/healthz").status_code == 200
+
+
+def test_the_server_freezes_what_start_up_built_once_it_has_started() -> None:
+    """``vidrec serve`` keeps start-up's objects out of collections (a full collection
+    walking them stalls the event loop); requests pass through untouched."""
+    seen: list[tuple[str, int]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        message = await receive()
+        await send({"type": f"{message['type']}.complete"})
+
+    async def receive() -> dict[str, str]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: Any) -> None:
+        seen.append((message["type"], gc.get_freeze_count()))
+
+    try:
+        assert gc.get_freeze_count() == 0
+        asyncio.run(FreezeAfterStartup(app)({"type": "lifespan"}, receive, send))
+        assert seen[0][0] == "lifespan.startup.complete" and seen[0][1] > 0
+    finally:
+        gc.unfreeze()
+    seen.clear()
+
+    async def http_receive() -> dict[str, str]:
+        return {"type": "lifespan.startup"}  # what the wrapped app reads, unchanged
+
+    asyncio.run(FreezeAfterStartup(app)({"type": "http"}, http_receive, send))
+    assert seen == [("lifespan.startup.complete", 0)]

@@ -1,0 +1,102 @@
+"""A request's reads of the Redis stores as steps (:mod:`feature_store.sparse.steps`).
+
+The serving path sends the history, the feedback and the co-visitation reads
+together, before reading any reply (``app.recommender``): run so, each gives
+what its plain read gives, and a Redis failure is the plain read's error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from feature_store.activity import open_activity
+from feature_store.activity.redis import RedisActivity
+from feature_store.errors import StoreUnavailable
+from feature_store.settings import Settings
+from feature_store.signals import RedisSignals, SignalParams
+from feature_store.signals.feedback import FeedbackParams, RedisFeedback, ServedBatch
+from feature_store.sparse.steps import Rounds, run
+from tests.factories import BASE_TS, make_event
+from tests.services import free_port
+
+pytestmark = pytest.mark.redis
+
+SIGNALS = SignalParams(half_life_s=3600.0, window=5, neighbors=3, creator_videos=2)
+FEEDBACK = FeedbackParams(served_window_ms=60_000, served_max=10, dislikes_max=10)
+
+
+def stores(client: redis.Redis) -> tuple[RedisActivity, RedisFeedback, RedisSignals]:
+    activity = open_activity(Settings(stores={"backend": "redis"}), redis_client=client)
+    assert isinstance(activity, RedisActivity)
+    return activity, RedisFeedback(client, FEEDBACK), RedisSignals(client, SIGNALS)
+
+
+@pytest.fixture()
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def calls(client: redis.Redis) -> dict[str, int]:
+    """Calls of each read command Redis has processed so far."""
+    stats = client.info("commandstats")
+    return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+            for name in ("lrange", "zrangebyscore", "zrange", "zrevrange")}
+
+
+def test_reads_sent_together_answer_what_the_plain_reads_answer(client: redis.Redis) -> None:
+    activity, feedback, signals = stores(client)
+    watches = [
+        make_event(user_id=user, video_id=video, ts=BASE_TS + i, event_id=f"{user}-{video}")
+        for i, (user, video) in enumerate(
+            [("u1", "a"), ("u1", "b"), ("u2", "a"), ("u2", "c"), ("u3", "b"), ("u3", "c")]
+        )
+    ]
+    activity.record(watches)
+    signals.record(watches)
+    feedback.record_served([ServedBatch("u1", BASE_TS, ["c", "d"])])
+    feedback.record_events(
+        [make_event(user_id="u1", video_id="e", type="dislike", ts=BASE_TS + 10)], {"e": "c9"}
+    )
+    now = BASE_TS + 1000
+    before = calls(client)
+
+    rounds = Rounds([
+        activity.history_steps("u1"),
+        feedback.read_steps("u1", now),
+        signals.covisited_steps(["a", "b"], 10),
+    ])
+    # Every read has sent its commands and none has read its reply yet; Redis runs them all.
+    assert not rounds.done
+    wanted = {"lrange": 1, "zrangebyscore": 1, "zrange": 2, "zrevrange": 2}
+    deadline = time.monotonic() + 10
+    while any(calls(client)[k] - before[k] < n for k, n in wanted.items()):
+        assert time.monotonic() < deadline, "the reads were not all sent at once"
+        time.sleep(0.01)
+    history, view, covisited = rounds.finish()
+
+    assert len(history) == 2 and history == activity.history("u1")
+    assert view == feedback.read("u1", now)
+    assert view.served == {"c": BASE_TS, "d": BASE_TS}
+    assert view.disliked_creators == {"c9": BASE_TS + 10}
+    assert covisited and covisited == signals.covisited(["a", "b"], 10)
+    assert run([signals.covisited_steps([], 10)]) == [[]]
+
+
+def test_a_redis_failure_is_the_plain_reads_error() -> None:
+    down = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    activity, feedback, signals = stores(down)
+    reads = [
+        activity.history_steps("u1"),
+        feedback.read_steps("u1", BASE_TS),
+        signals.covisited_steps(["a"], 10),
+    ]
+    for read in reads:
+        with pytest.raises(StoreUnavailable):
+            run([read])
+    down.close()
