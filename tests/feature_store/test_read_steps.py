@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from feature_store.activity import open_activity
 from feature_store.activity.redis import RedisActivity
@@ -89,7 +91,8 @@ def test_reads_sent_together_answer_what_the_plain_reads_answer(client: redis.Re
 
 
 def test_a_redis_failure_is_the_plain_reads_error() -> None:
-    down = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    # No retries: redis-py's default (backoff, three tries per command) only slows the test.
+    down = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
     activity, feedback, signals = stores(down)
     reads = [
         activity.history_steps("u1"),
