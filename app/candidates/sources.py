@@ -18,13 +18,13 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import Protocol, cast
 
 from feature_store.activity.base import HistoryEntry, watched
 from feature_store.catalog.base import CatalogStore
 from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
-from feature_store.sparse.steps import Steps, stepped
+from feature_store.sparse.steps import Steps, run, stepped
 
 EMBEDDING = "embedding"
 """Nearest videos to the user's two-tower vector (``app/scoring/retrieval.py``)."""
@@ -118,10 +118,8 @@ class Covisit:
 
     def read(self, query: CandidateQuery, limit: int) -> list[tuple[str, float]]:
         """The counts, read once per query (the ranking's bonus uses them too)."""
-        if query.covisits is None:
-            recent = [entry.video_id for entry in query.watched[: self.window]]
-            query.covisits = self.signals.covisited(recent, limit) if recent else []
-        return query.covisits
+        (pairs,) = run([self.read_steps(query, limit)])
+        return cast(list[tuple[str, float]], pairs)
 
     def read_steps(self, query: CandidateQuery, limit: int) -> Steps[list[tuple[str, float]]]:
         """:meth:`read` as steps (:mod:`feature_store.sparse.steps`): with Redis signals,
