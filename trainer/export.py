@@ -99,7 +99,7 @@ def export_onnx(
     model: WideDeep, schema: FeatureSchema, path: Path, exporter: Exporter = "torchscript"
 ) -> None:
     """Write ``model`` as an ONNX file at ``path`` (inputs per ``model_io``)."""
-    module = Heads(copy.deepcopy(model).eval())  # never disturb the training copy
+    module = Heads(copy.deepcopy(model).eval().for_requests())  # never disturb the training copy
     names = model_io.input_names(schema)
     example = example_inputs(schema, 4, np.random.default_rng(0), rows_per_table=6, wide_rows=9)
     tables = list(schema.table_dims())

@@ -83,3 +83,25 @@ def test_onnx_matches_torch_on_random_batches(tmp_path: Path, exporter: str) -> 
             assert onnx_head.shape == (batch,), head
             np.testing.assert_allclose(onnx_head, torch_heads[:, i], rtol=0, atol=1e-5)
         np.testing.assert_allclose(outputs[0], torch_score, rtol=0, atol=1e-5)  # score: engagement
+
+
+def test_request_form_of_attention_matches_training_form() -> None:
+    """The exported copy's attention (every candidate against every sequence, the others
+    masked) gives the training form's scores on request-shaped inputs: 2 sequences (a
+    user and the cold start's anonymous rows), many candidates, one of them all padding."""
+    torch.manual_seed(6)
+    model = WideDeep(SCHEMA).eval()
+    inputs = example_inputs(SCHEMA, 300, np.random.default_rng(7), rows_per_table=40)
+    names = model_io.input_names(SCHEMA)
+    for col in SCHEMA.embedded:
+        if model_io.per_request(col):
+            pos = names.index(model_io.index_input(col.name))
+            inputs[pos] = inputs[pos][:2].clone()
+            inputs[pos][1] = 40  # the anonymous user: no history at all
+    sequence_row = torch.zeros(300, dtype=torch.int64)
+    sequence_row[150:] = 1
+    inputs[names.index(model_io.SEQUENCE_ROWS)] = sequence_row
+    with torch.no_grad():
+        training_form = model.heads(*inputs)
+        request_form = model.for_requests().heads(*inputs)
+    torch.testing.assert_close(request_form, training_form, rtol=0, atol=1e-6)
