@@ -76,7 +76,7 @@ def example_inputs(
     tensors.append(
         torch.from_numpy(rng.uniform(0, 5, (batch, len(schema.dense))).astype(np.float32))
     )
-    if schema.attention:
+    if model_io.has_sequences(schema):
         tensors.append(torch.from_numpy(rng.integers(0, sequences, size=batch)))
     return tensors
 
@@ -135,7 +135,7 @@ def _export_dynamo(
     shapes: list[dict[int, Any]] = [{0: Dim(f"N_{t}")} for t in tables]
     shapes += [{0: rows if model_io.per_request(c) else batch} for c in schema.embedded]
     shapes += [{0: Dim("N_wide")}, {0: batch}, {0: batch}]
-    if schema.attention:
+    if model_io.has_sequences(schema):
         shapes.append({0: batch})
     with ONNX_EXPORT_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")

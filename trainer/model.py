@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from feature_store.features.columns import Attention, MultiValued
 from feature_store.features.schema import FeatureSchema
 from feature_store.heads import HEADS
+from feature_store.models.model_io import has_sequences, per_request
 
 
 class WideDeep(nn.Module):
@@ -61,6 +62,10 @@ class WideDeep(nn.Module):
             isinstance(c, MultiValued) and c.pooling == "attention" for c in schema.embedded
         ]
         """Columns read only by an attention block (not in the deep input on their own)."""
+        self.per_sequence = [per_request(c) for c in schema.embedded]
+        """Columns with one index row per sequence (``S`` rows): pooled, then each batch
+        row takes its sequence's (see :mod:`feature_store.models.model_io`)."""
+        self.sequences = has_sequences(schema)
         self.n_tables = len(self.tables)
         self.n_columns = len(self.columns)
         self.n_dense = len(schema.dense)
@@ -105,13 +110,13 @@ class WideDeep(nn.Module):
         at = self.n_tables + self.n_columns
         indices = inputs[self.n_tables : at]
         wide_weights, wide_idx, dense = inputs[at : at + 3]
-        sequence_row = inputs[at + 3] if self.blocks else None
+        sequence_row = inputs[at + 3] if self.sequences else None
         padded = [torch.cat([t, t.new_zeros(1, t.shape[1])], dim=0) for t in tables]
         parts: list[Tensor] = []
         gathered: list[Tensor] = []
         rows_of: list[Tensor] = []  # per embedded column, its row (pooled) per batch row
-        for (table, mean), multi, attended, idx in zip(
-            self.columns, self.multi, self.attended, indices, strict=True
+        for (table, mean), multi, attended, per_sequence, idx in zip(
+            self.columns, self.multi, self.attended, self.per_sequence, indices, strict=True
         ):
             rows = padded[table][idx]
             gathered.append(rows)
@@ -124,6 +129,8 @@ class WideDeep(nn.Module):
                     count = (idx < tables[table].shape[0]).sum(dim=1, keepdim=True)
                     pooled = pooled / count.clamp(min=1).to(pooled.dtype)
                 rows = pooled
+                if per_sequence and sequence_row is not None:
+                    rows = rows[sequence_row]  # (S, D) pooled once per sequence -> (B, D)
             parts.append(rows)
             rows_of.append(rows)
         for block in self.blocks:

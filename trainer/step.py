@@ -53,6 +53,7 @@ from torch.nn import functional
 from feature_store.features.extract import BatchFeatures, FeatureExtractor
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.heads import HEADS
+from feature_store.models import model_io
 from feature_store.sparse.base import Keys, Rows, SparseTable
 from feature_store.sparse.steps import Rounds, errors, pull_many, push_many, start_pushes
 from trainer.model import WideDeep
@@ -111,7 +112,7 @@ def to_inputs(
     tensors.append(torch.from_numpy(wide).requires_grad_(requires_grad))
     tensors.append(torch.from_numpy(batch.wide_indices))
     tensors.append(torch.from_numpy(batch.dense))
-    if schema.attention:
+    if model_io.has_sequences(schema):
         tensors.append(torch.from_numpy(batch.sequence_rows()))
     return tensors
 

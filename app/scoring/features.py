@@ -61,6 +61,7 @@ from feature_store.features.extract import FeatureExtractor
 from feature_store.features.keys import Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
 from feature_store.features.sources import SOURCES, dense_fields, video_fields
+from feature_store.models import model_io
 
 _CONSTANT_KEYS_MAX = 100_000
 
@@ -126,6 +127,7 @@ class RequestFeatureExtractor(FeatureExtractor):
         """``(column, value)`` of user and context columns to their one-key array."""
         self._one_sequence = np.zeros(0, dtype=np.int64)
         """Zeros, the sequence row of every candidate (grown as needed, sliced per request)."""
+        self._sequences = model_io.has_sequences(schema)
 
     def extract_request(
         self,
@@ -194,7 +196,7 @@ class RequestFeatureExtractor(FeatureExtractor):
             self._one_sequence = np.zeros(max(batch, 2 * len(self._one_sequence)), np.int64)
         return BatchFeatures(
             batch, table_keys, column_indices, wide_keys, wide_indices, dense,
-            self._one_sequence[:batch] if self.schema.attention else None,
+            self._one_sequence[:batch] if self._sequences else None,
         )
 
     def constant_key(self, col: Categorical, template: FeatureRow) -> Keys:
@@ -244,8 +246,9 @@ class RequestFeatureExtractor(FeatureExtractor):
                     at = varying[name][1]
                     column_indices[name] = at + start if start else at
                 elif isinstance(col, MultiValued):
-                    # An attention block's sequence: one row, read by every candidate.
-                    rows = 1 if col.pooling == "attention" else batch
+                    # The user's lists (history, an attention block's sequence): one
+                    # row, read by every candidate (model_io.per_request).
+                    rows = 1 if name in shared else batch
                     padded = np.full((rows, col.max_len), pad, dtype=np.int64)
                     if name in shared:
                         padded[:, : len(block)] = np.arange(start, start + len(block))

@@ -94,6 +94,12 @@ class LoadedModel:
     retrieval: RetrievalModel | None = None
     """The version's two-tower model (None: the version has none, or towers are off):
     swapped with the ranker, so a request's user vector and video vectors match."""
+    row_shaped: frozenset[str] = frozenset()
+    """Inputs whose first axis is named ``B``: a version exported before the history was
+    per sequence takes it per row (:func:`~feature_store.models.model_io.build_feed`)."""
+    sequence_rows: bool = True
+    """Whether the version takes ``seq_row`` (one exported before the history was per
+    sequence, from a schema without attention, does not)."""
 
     def bucket(self, batch: int) -> int:
         """The warmed batch size a batch of ``batch`` rows is padded to."""
@@ -160,7 +166,7 @@ def stack_batches(
     their last key, the model's zero row) becomes the stacked batch's.
     A key in both batches is pulled twice: the same row.
     """
-    attention = {c.name for c in schema.multi_valued if c.pooling == "attention"}
+    per_sequence = [c.name for c in schema.embedded if model_io.per_request(c)]
     tables = first.table_keys.keys()
     offset = {t: len(first.table_keys[t]) for t in tables}
     pad = {t: offset[t] + len(second.table_keys[t]) for t in tables}
@@ -176,7 +182,7 @@ def stack_batches(
         columns[name] = np.concatenate([a, b])
     sequence_row = None
     if first.sequence_row is not None or second.sequence_row is not None:
-        sequences = len(first.column_indices[next(iter(attention))]) if attention else 0
+        sequences = len(first.column_indices[per_sequence[0]]) if per_sequence else 0
         sequence_row = np.concatenate(
             [first.sequence_rows(), second.sequence_rows() + sequences]
         )
@@ -283,10 +289,7 @@ def load_model(
         raise
     except Exception as exc:  # onnxruntime raises its own unrelated types
         raise ModelLoadError(f"version {version}: cannot load: {exc}") from exc
-    names = [i.name for i in session.get_inputs()]
-    expected = model_io.input_names(schema)
-    if sorted(names) != sorted(expected):
-        raise ModelLoadError(f"version {version}: inputs {names} != expected {expected}")
+    names, row_shaped = _inputs(session, schema, version)
     outputs = {o.name for o in session.get_outputs()}
     if model_io.SCORE not in outputs:
         raise ModelLoadError(f"version {version}: no {model_io.SCORE!r} output in {outputs}")
@@ -312,6 +315,8 @@ def load_model(
         input_names=names,
         heads=heads,
         pull=pull,
+        row_shaped=row_shaped,
+        sequence_rows=model_io.SEQUENCE_ROWS in names,
     )
     warm_started = time.perf_counter()
     try:
@@ -330,6 +335,21 @@ def load_model(
         except RetrievalLoadError as exc:
             log.error("serving %s without its towers: %s", version, exc)
     return loaded
+
+
+def _inputs(
+    session: ort.InferenceSession, schema: FeatureSchema, version: str
+) -> tuple[list[str], frozenset[str]]:
+    """The session's input names, checked against the schema's, and those whose first
+    axis is the batch's (see :attr:`LoadedModel.row_shaped`). A version exported before
+    the history was per sequence may lack ``seq_row``; nothing else may differ."""
+    names = [i.name for i in session.get_inputs()]
+    expected = model_io.input_names(schema)
+    before_sequences = [n for n in expected if n != model_io.SEQUENCE_ROWS]
+    if sorted(names) not in (sorted(expected), sorted(before_sequences)):
+        raise ModelLoadError(f"version {version}: inputs {names} != expected {expected}")
+    row_shaped = frozenset(i.name for i in session.get_inputs() if i.shape and i.shape[0] == "B")
+    return names, row_shaped
 
 
 def index_status(model: LoadedModel | None) -> dict[str, Any] | None:

@@ -130,7 +130,9 @@ class Scorer:
         """One ONNX run over the batch padded to its bucket; fused scores of the real rows.
         ``heads``: filled with every head's prediction (an explained request)."""
         padded = pad_batch(batch, model.bucket(batch.batch_size))
-        feed = model_io.build_feed(self.schema, padded, rows, wide)
+        feed = model_io.build_feed(
+            self.schema, padded, rows, wide, model.row_shaped, model.sequence_rows
+        )
         fusion = fusion or self.fusion
         if fusion.identity and heads is None:
             return model.run(feed)[: batch.batch_size]

@@ -9,9 +9,12 @@ What a temporary-embedding-matrix model consumes (trainer and ONNX server alike)
   appends a zero row there, so padding pools to nothing);
 - the wide part's unique keys and a ``(B, wide_width)`` index matrix;
 - a ``(B, n_dense)`` float32 matrix of dense features;
-- for the columns an attention block reads (``pooling="attention"``), indices
-  ``(S, max_len)`` with one row per distinct user sequence, and per batch row
-  the sequence row it reads (:attr:`BatchFeatures.sequence_row`).
+- for the user's multi-valued columns (the history, the recent views, the
+  sequences an attention block reads: :func:`feature_store.models.model_io.per_request`),
+  indices ``(S, max_len)`` with one row per distinct user, and per batch row
+  the sequence row it reads (:attr:`BatchFeatures.sequence_row`). Training
+  batches have ``S == B``; a request has ``S == 1`` (2 with the cold start's
+  anonymous rows stacked under the user's).
 
 No fixed capacity anywhere: sizes follow the batch.
 """

@@ -154,6 +154,40 @@ def test_anonymous_rows_scored_in_the_users_run_score_as_in_their_own(
     assert together.features is not None and together.features.batch_size == 40
 
 
+def test_a_version_exported_with_the_history_per_row_still_scores_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Versions exported before the history was per sequence take it ``(B, L)``: the
+    server feeds each row its sequence's indices, and the scores are the new form's."""
+    import trainer.model
+    from feature_store.models import model_io
+
+    registry = ModelRegistry(tmp_path)
+    current = publish_model(registry, SCHEMA, seed=5)
+    with monkeypatch.context() as patch:
+        def before(column: object) -> bool:
+            return getattr(column, "pooling", None) == "attention"
+
+        patch.setattr(model_io, "per_request", before)
+        patch.setattr(trainer.model, "per_request", before)
+        old = publish_model(registry, SCHEMA, seed=5)
+    scorer = Scorer(SCHEMA, keyed_tables())  # type: ignore[arg-type]
+    new_model = load_model(registry, current, SCHEMA, "main", API, scorer.warm)
+    old_model = load_model(registry, old, SCHEMA, "main", API, scorer.warm)
+    assert model_io.index_input("history") in old_model.row_shaped
+    assert model_io.index_input("history") not in new_model.row_shaped
+    videos = [make_video(video_id=f"h{i}", category=f"k{i % 3}") for i in range(30)]
+    history = [HistoryEntry(video_id=f"h{i}", watch_ratio=0.9, ts=1) for i in range(7)]
+    rows = scorer.extractor.table.rows_of(videos)
+    args = ("u2", 1_700_000_000_000, EventContext(), history, rows)
+    anonymous_rows = rows[[0, 4, 9]]
+    want = scorer.score_rows(new_model, *args, anonymous_rows=anonymous_rows)
+    got = scorer.score_rows(old_model, *args, anonymous_rows=anonymous_rows)
+    np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5)
+    assert got.anonymous is not None and want.anonymous is not None
+    np.testing.assert_allclose(got.anonymous, want.anonymous, rtol=1e-5)
+
+
 def test_schema_or_family_mismatch_is_refused(tmp_path: Path) -> None:
     registry = ModelRegistry(tmp_path)
     version = publish_model(registry, SCHEMA)
