@@ -232,7 +232,7 @@ class Recommender:
         )
         scores, reference, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads,
-            found.rows[new] if new is not None else None,
+            new,
         )
         if self.pool_observer is not None:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)

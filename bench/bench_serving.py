@@ -488,7 +488,6 @@ def summary(ms: list[float]) -> dict[str, float]:
 def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dict[str, Any]:
     """The same pulls and ONNX run in-process; and the whole recommend without HTTP."""
     from app.schemas import RecommendRequest
-    from app.scoring.onnx_model import stack_batches
     from app.scoring.scorer import ANONYMOUS
     from app.service import open_service
     from feature_store.runtime.resources import open_resources
@@ -511,8 +510,12 @@ def floor(settings: Settings, requests: list[dict[str, Any]], total: int) -> dic
             extractor = scorer.extractor
             rows = extractor.table.rows_of(cand)
             new = service.recommender.rerank.cold_start.new_positions(extractor.table, rows)
-            anonymous = extractor.extract_rows(ANONYMOUS, now, req.context, (), rows[new])
-            stacked.append(stack_batches(res.schema, batch, anonymous) if len(new) else batch)
+            stacked.append(
+                extractor.extract_with_reference(
+                    req.user_id, now, req.context, history, rows, ANONYMOUS, new
+                )
+                if len(new) else batch
+            )
             new_rows += len(new)
         pull_run = pull_and_run(scorer, model, prepared, total)
         with_anonymous = pull_and_run(scorer, model, stacked, total)

@@ -40,6 +40,7 @@ by column), which the model never sees: it gathers rows by index.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,7 +50,7 @@ from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
 from feature_store.features.batch import BatchFeatures, Indices
-from feature_store.features.columns import Categorical, FeatureRow, MultiValued
+from feature_store.features.columns import Categorical, Crossed, FeatureRow, MultiValued
 from feature_store.features.dense import (
     AFFINITY_FIELDS,
     DenseInputs,
@@ -88,6 +89,43 @@ def unique_inverse(parts: Sequence[Keys]) -> tuple[Keys, list[npt.NDArray[np.int
     inverse[order] = np.cumsum(distinct) - 1
     bounds = np.cumsum([len(p) for p in parts[:-1]]).tolist()
     return ordered[distinct], np.split(inverse, bounds)
+
+
+def _distinct_users(keys: list[Keys]) -> Keys:
+    """A user/context column's block: the users' one key each, once when they agree."""
+    if len(keys) == 1 or keys[0][0] == keys[1][0]:
+        return keys[0]
+    return np.concatenate(keys)
+
+
+class _Rows:
+    """The rows of a request's batch: ``batch`` rows of the user, one per candidate, then
+    (with ``reference_at``) the reference user's rows of the candidates at those
+    positions. Maps what is computed once per candidate onto every row."""
+
+    def __init__(self, batch: int, reference_at: Indices | None) -> None:
+        self.batch = batch
+        self.reference_at = reference_at
+        extra = 0 if reference_at is None else len(reference_at)
+        self.total = batch + extra
+        self.users = 1 if reference_at is None else 2
+        self.user = np.zeros(self.total, dtype=np.int64)
+        """Each row's user (0, or 1 for the reference's rows)."""
+        self.user[batch:] = 1
+        self._candidate = (
+            None if reference_at is None else np.concatenate([np.arange(batch), reference_at])
+        )
+
+    def of(self, per_candidate: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """Values per candidate (first axis ``batch``) as values per row."""
+        return per_candidate if self._candidate is None else per_candidate[self._candidate]
+
+    def by_user(self, start: int, keys: int) -> Indices:
+        """Indices of a user/context column whose block at ``start`` holds ``keys`` keys
+        (one per user, or one for all)."""
+        if keys == 1:
+            return np.full(self.total, start, dtype=np.int64)
+        return self.user + start
 
 
 class RequestFeatureExtractor(FeatureExtractor):
@@ -156,16 +194,57 @@ class RequestFeatureExtractor(FeatureExtractor):
         The rows' catalog fields and counters are what the table holds (see
         :meth:`VideoTable.lookup` for how they are kept fresh).
         """
+        return self._extract(ts_ms, context, [(user_id, history)], idx, None)
+
+    def extract_with_reference(
+        self,
+        user_id: str,
+        ts_ms: int,
+        context: EventContext,
+        history: Sequence[HistoryEntry],
+        idx: Indices,
+        reference_user: str,
+        reference_at: Indices,
+    ) -> BatchFeatures:
+        """:meth:`extract_rows` of ``user_id`` for ``idx``, then the rows of
+        ``reference_user`` (no history, the same context) for ``idx[reference_at]``
+        below them, in one batch that shares the videos' keys.
+
+        Why: the cold start scores a request's new videos for an anonymous user too
+        (:mod:`app.cold_start`). Each row reads the same keys as in its own
+        :meth:`extract_rows` batch, so it scores the same; but the videos' keys are
+        hashed, deduplicated and pulled once, and only the reference's own keys (its
+        id, its crosses with the videos' columns, its empty history) are added.
+        Sequence row 1 is the reference's (``S == 2``).
+        """
+        return self._extract(
+            ts_ms, context, [(user_id, history), (reference_user, ())], idx, reference_at
+        )
+
+    def _extract(
+        self,
+        ts_ms: int,
+        context: EventContext,
+        users: list[tuple[str, Sequence[HistoryEntry]]],
+        idx: Indices,
+        reference_at: Indices | None,
+    ) -> BatchFeatures:
+        """The batch of :meth:`extract_with_reference` (``reference_at`` None: the first
+        user's rows only). A row's *user* is 0 for the first ``len(idx)`` rows, 1 after."""
         table = self.table
         batch = len(idx)
-        history = history[: self.schema.history_len]  # what the trainer's moments hold
-        template = FeatureRow(user_id, "", ts_ms, None, context, tuple(history))
+        templates = [
+            FeatureRow(user, "", ts_ms, None, context, tuple(history[: self.schema.history_len]))
+            for user, history in users
+        ]
+        rows = _Rows(batch, reference_at)
         varying: dict[str, tuple[Keys, Indices]] = {}
-        """Categorical columns of the videos: their distinct keys, each row's position in them."""
-        constant: dict[str, Keys] = {}
-        """Categorical columns of the user and context: one key, the same for every row."""
-        shared: dict[str, Keys] = {}
-        """Multi-valued columns of the user (history): the same list for every row."""
+        """Categorical columns of the videos: their distinct keys, each of the ``idx`` rows'
+        position in them."""
+        constant: dict[str, list[Keys]] = {}
+        """Categorical columns of the user and context: per user, its one key."""
+        shared: dict[str, list[Keys]] = {}
+        """Multi-valued columns of the user (history): per user, its list."""
         ragged: dict[str, tuple[Keys, Indices, npt.NDArray[np.bool_]]] = {}
         """Multi-valued columns of the videos (tags): distinct keys, positions, ``(B, L)`` mask."""
         keys = table.categorical[idx]
@@ -177,27 +256,39 @@ class RequestFeatureExtractor(FeatureExtractor):
             else:
                 varying[col.name] = coder.distinct(codes[:, j])
         for col in self._request_columns:
-            constant[col.name] = self.constant_key(col, template)
+            constant[col.name] = [self.constant_key(col, t) for t in templates]
         for multi in self.schema.multi_valued:
             if SOURCES[multi.source].per_request:
-                values = SOURCES[multi.source].compute(template)[: multi.max_len]
-                shared[multi.name] = self._hasher(multi.space()).hash_many(values)
+                hasher = self._hasher(multi.space())
+                shared[multi.name] = [
+                    hasher.hash_many(SOURCES[multi.source].compute(t)[: multi.max_len])
+                    for t in templates
+                ]
             else:
                 counts = table.multi_len[multi.name][idx]
                 mask = np.arange(multi.max_len) < counts[:, None]
                 flat = table.multi_codes[multi.name][idx][mask]
                 ragged[multi.name] = (*table.multi_coders[multi.name].distinct(flat), mask)
         table_keys, column_indices = self._index_request_tables(
-            batch, varying, constant, shared, ragged
+            rows, varying, constant, shared, ragged
         )
-        wide_keys, wide_indices = self._index_request_wide(batch, varying, constant)
-        dense = self._dense(ts_ms, history, idx)
-        if len(self._one_sequence) < batch:
-            self._one_sequence = np.zeros(max(batch, 2 * len(self._one_sequence)), np.int64)
+        wide_keys, wide_indices = self._index_request_wide(rows, varying, constant)
+        dense = self._dense(ts_ms, templates[0].history, idx)
+        if reference_at is not None:
+            reference = self._dense(ts_ms, templates[1].history, idx[reference_at])
+            dense = np.concatenate([dense, reference])
         return BatchFeatures(
-            batch, table_keys, column_indices, wide_keys, wide_indices, dense,
-            self._one_sequence[:batch] if self._sequences else None,
+            rows.total, table_keys, column_indices, wide_keys, wide_indices, dense,
+            self._sequence_rows(rows) if self._sequences else None,
         )
+
+    def _sequence_rows(self, rows: _Rows) -> Indices:
+        """Each row's user: zeros for the first user's rows, then ones."""
+        if len(self._one_sequence) < rows.total:
+            self._one_sequence = np.zeros(max(rows.total, 2 * len(self._one_sequence)), np.int64)
+        if rows.reference_at is None:
+            return self._one_sequence[: rows.total]
+        return rows.user
 
     def constant_key(self, col: Categorical, template: FeatureRow) -> Keys:
         """The one-key array of per-request column ``col`` for the request in ``template``."""
@@ -212,105 +303,147 @@ class RequestFeatureExtractor(FeatureExtractor):
 
     def _index_request_tables(
         self,
-        batch: int,
+        rows: _Rows,
         varying: dict[str, tuple[Keys, Indices]],
-        constant: dict[str, Keys],
-        shared: dict[str, Keys],
+        constant: dict[str, list[Keys]],
+        shared: dict[str, list[Keys]],
         ragged: dict[str, tuple[Keys, Indices, npt.NDArray[np.bool_]]],
     ) -> tuple[dict[str, Keys], dict[str, Indices]]:
         """Keys per table, one block per column, and each column's indices into them.
 
         A column's block holds its distinct keys (see the module docstring);
         two columns of one table (videos and the history) are not merged, so
-        a key in both is pulled twice: the same row, at no cost to scores.
+        a key in both is pulled twice: the same row, at no cost to scores. A
+        user's column holds each user's key (one when they are the same).
         """
         table_keys: dict[str, Keys] = {}
         column_indices: dict[str, Indices] = {}
         for table, columns in self._by_table.items():
-            blocks = [
-                constant[c.name]
-                if c.name in constant
-                else shared[c.name]
-                if c.name in shared
-                else (varying[c.name] if c.name in varying else ragged[c.name])[0]
-                for c in columns
-            ]
+            blocks: list[Keys] = []
+            for c in columns:
+                if c.name in constant:
+                    blocks.append(_distinct_users(constant[c.name]))
+                elif c.name in shared:
+                    lists = shared[c.name]
+                    blocks.append(lists[0] if len(lists) == 1 else np.concatenate(lists))
+                else:
+                    blocks.append((varying[c.name] if c.name in varying else ragged[c.name])[0])
             table_keys[table] = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
             pad = sum(map(len, blocks))
             start = 0
             for col, block in zip(columns, blocks, strict=True):
                 name = col.name
                 if name in constant:
-                    column_indices[name] = np.full(batch, start, dtype=np.int64)
+                    column_indices[name] = rows.by_user(start, len(block))
                 elif name in varying:
                     at = varying[name][1]
-                    column_indices[name] = at + start if start else at
+                    column_indices[name] = rows.of(at + start if start else at)
                 elif isinstance(col, MultiValued):
-                    # The user's lists (history, an attention block's sequence): one
-                    # row, read by every candidate (model_io.per_request).
-                    rows = 1 if name in shared else batch
-                    padded = np.full((rows, col.max_len), pad, dtype=np.int64)
-                    if name in shared:
-                        padded[:, : len(block)] = np.arange(start, start + len(block))
+                    if name in shared:  # one row per user, read by its candidates
+                        lists = shared[name]
+                        padded = np.full((len(lists), col.max_len), pad, dtype=np.int64)
+                        first = start
+                        for user, values in enumerate(lists):
+                            padded[user, : len(values)] = np.arange(first, first + len(values))
+                            first += len(values)
                     else:
-                        _, at, mask = ragged[name]
-                        padded[mask] = at + start
+                        _, positions, mask = ragged[name]
+                        padded = np.full((rows.batch, col.max_len), pad, dtype=np.int64)
+                        padded[mask] = positions + start
+                        padded = rows.of(padded)
                     column_indices[name] = padded
                 start += len(block)
         return table_keys, column_indices
 
     def _index_request_wide(
         self,
-        batch: int,
+        rows: _Rows,
         varying: dict[str, tuple[Keys, Indices]],
-        constant: dict[str, Keys],
+        constant: dict[str, list[Keys]],
     ) -> tuple[Keys, Indices]:
-        """The wide part's keys, one block per wide column, and ``(B, W)`` indices.
+        """The wide part's keys, one block per wide column, and ``(rows, W)`` indices.
 
         A cross of user/context columns with one video column is mixed for that
-        column's distinct keys only and shares its positions; a cross of two or
-        more video columns is mixed per row and deduplicated by sorting.
+        column's distinct keys only and shares its positions (once per user whose
+        keys differ); a cross of two or more video columns is mixed per row and
+        deduplicated by sorting.
         """
         blocks: list[Keys] = []
-        positions: list[Indices | None] = []
-        """Per wide column: each row's position in its block (None: one key for all)."""
+        positions: list[Indices] = []
+        """Per wide column: each row's position in its block."""
+        users = rows.users
         for col in self.schema.categorical:
             if col.wide:
                 if col.name in constant:
-                    blocks.append(constant[col.name])
-                    positions.append(None)
+                    block = _distinct_users(constant[col.name])
+                    blocks.append(block)
+                    positions.append(rows.by_user(0, len(block)))
                 else:
                     blocks.append(varying[col.name][0])
-                    positions.append(varying[col.name][1])
+                    positions.append(rows.of(varying[col.name][1]))
         for cross in self.schema.crossed:
             by_video = [name for name in cross.columns if name not in constant]
-            if len(by_video) > 1:  # per row, then sorted
-                parts = [
-                    constant[name] if name in constant else varying[name][0][varying[name][1]]
-                    for name in cross.columns
-                ]
-                unique, (at,) = unique_inverse([cross_keys(cross.name, parts)])
-                blocks.append(unique)
-                positions.append(at)
-                continue
-            # Over the one video column's distinct keys (or one key): the user and
-            # context parts, one key each, broadcast.
-            distinct, video_at = varying[by_video[0]] if by_video else (None, None)
-            # ``distinct`` is None only when no column varies by video, so never used then.
-            broadcast = [constant[name] if name in constant else distinct for name in cross.columns]
-            blocks.append(cross_keys(cross.name, broadcast))  # type: ignore[arg-type]
-            positions.append(video_at)
+            differs = any(
+                len(_distinct_users(constant[name])) > 1
+                for name in cross.columns if name in constant
+            )
+            mixed = [  # per user (one when no part differs), the cross's keys
+                self._cross_block(cross, by_video, varying, constant, user, rows)
+                for user in range(users if differs else 1)
+            ]
+            block, at = mixed[0]
+            if len(mixed) == 2:
+                second, at_second = mixed[1]
+                block = np.concatenate([block, second])
+                at = np.concatenate([at[: rows.batch], at_second + len(mixed[0][0])])
+            blocks.append(block)
+            positions.append(at)
         if not blocks:
-            return np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
-        indices = np.empty((batch, len(blocks)), dtype=np.int64)
+            return np.zeros(0, np.uint64), np.zeros((rows.total, 0), np.int64)
+        indices = np.empty((rows.total, len(blocks)), dtype=np.int64)
         start = 0
         for j, (block, where) in enumerate(zip(blocks, positions, strict=True)):
-            if where is None:
-                indices[:, j] = start
-            else:
-                np.add(where, start, out=indices[:, j])
+            np.add(where, start, out=indices[:, j])
             start += len(block)
         return np.concatenate(blocks), indices
+
+    def _cross_block(
+        self,
+        cross: Crossed,
+        by_video: list[str],
+        varying: dict[str, tuple[Keys, Indices]],
+        constant: dict[str, list[Keys]],
+        user: int,
+        rows: _Rows,
+    ) -> tuple[Keys, Indices]:
+        """``cross``'s keys with ``user``'s keys of the user/context columns, and the
+        position of each of its rows (every row when ``user`` is 0; the reference's
+        rows when it is 1)."""
+        every = user == 0
+        if len(by_video) > 1:  # per row, then sorted
+            parts = []
+            for name in cross.columns:
+                if name in constant:
+                    parts.append(constant[name][user])
+                    continue
+                distinct, at = varying[name]
+                parts.append(distinct[at if every else at[rows.reference_at]])
+            unique, (at,) = unique_inverse([cross_keys(cross.name, parts)])
+            return unique, rows.of(at) if every else at
+        # Over the one video column's distinct keys (or one key): the user and
+        # context parts, one key each, broadcast.
+        video_at = np.zeros(rows.batch, np.int64)  # no video column: one key for all
+        broadcast: list[Keys] = []
+        for name in cross.columns:
+            if name in constant:
+                broadcast.append(constant[name][user])
+            else:
+                distinct, video_at = varying[name]
+                broadcast.append(distinct)
+        block = cross_keys(cross.name, broadcast)
+        if every:
+            return block, rows.of(video_at)
+        return block, video_at[rows.reference_at]
 
     def _describe(self, video: Video) -> tuple[list[int], dict[str, Keys]]:
         """A video's keys for the table's video columns (see :class:`VideoTable`)."""

@@ -48,8 +48,7 @@ import onnxruntime as ort
 from app.cache import RowReader
 from app.scoring.retrieval import RetrievalLoadError, RetrievalModel, load_retrieval
 from feature_store.errors import ConfigurationError, NotFound, VidrecError
-from feature_store.features.columns import MultiValued
-from feature_store.features.extract import BatchFeatures, Indices
+from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
 from feature_store.heads import PRIMARY
 from feature_store.models import model_io
@@ -149,51 +148,6 @@ def pad_batch(batch: BatchFeatures, size: int) -> BatchFeatures:
         grow(batch.wide_indices),
         grow(batch.dense),
         None if batch.sequence_row is None else grow(batch.sequence_row),
-    )
-
-
-def stack_batches(
-    schema: FeatureSchema, first: BatchFeatures, second: BatchFeatures
-) -> BatchFeatures:
-    """One batch of ``first``'s rows then ``second``'s, scored by one run.
-
-    Why: the cold start scores a request's new videos a second time for an
-    anonymous user (:mod:`app.cold_start`); in one run with the user's rows
-    that costs one ONNX call and one pull per table instead of two (a run's
-    fixed cost is about 1 ms of CPU for 500 rows). Each row reads the same
-    keys as in its own batch, so its score is the same: ``second``'s indices
-    move past ``first``'s keys, and both batches' padding index (one past
-    their last key, the model's zero row) becomes the stacked batch's.
-    A key in both batches is pulled twice: the same row.
-    """
-    per_sequence = [c.name for c in schema.embedded if model_io.per_request(c)]
-    tables = first.table_keys.keys()
-    offset = {t: len(first.table_keys[t]) for t in tables}
-    pad = {t: offset[t] + len(second.table_keys[t]) for t in tables}
-    columns: dict[str, Indices] = {}
-    for col in schema.embedded:
-        name, table = col.name, col.table_name()
-        a, b = first.column_indices[name], second.column_indices[name]
-        if isinstance(col, MultiValued):
-            a = np.where(a == offset[table], pad[table], a)
-            b = np.where(b == len(second.table_keys[table]), pad[table], b + offset[table])
-        else:
-            b = b + offset[table]
-        columns[name] = np.concatenate([a, b])
-    sequence_row = None
-    if first.sequence_row is not None or second.sequence_row is not None:
-        sequences = len(first.column_indices[per_sequence[0]]) if per_sequence else 0
-        sequence_row = np.concatenate(
-            [first.sequence_rows(), second.sequence_rows() + sequences]
-        )
-    return BatchFeatures(
-        first.batch_size + second.batch_size,
-        {t: np.concatenate([first.table_keys[t], second.table_keys[t]]) for t in tables},
-        columns,
-        np.concatenate([first.wide_keys, second.wide_keys]),
-        np.concatenate([first.wide_indices, second.wide_indices + len(first.wide_keys)]),
-        np.concatenate([first.dense, second.dense]),
-        sequence_row,
     )
 
 

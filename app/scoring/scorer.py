@@ -25,7 +25,7 @@ from app.cache import RowReader
 from app.candidates.retrieval import CandidateFilter
 from app.scoring.features import RequestFeatureExtractor
 from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
-from app.scoring.onnx_model import LoadedModel, pad_batch, stack_batches
+from app.scoring.onnx_model import LoadedModel, pad_batch
 from app.scoring.video_table import VideoSource
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
@@ -54,7 +54,8 @@ class Scored(NamedTuple):
     scores: npt.NDArray[np.float32]
     """The served (fused) score per row, for the user."""
     anonymous: npt.NDArray[np.float32] | None
-    """Per ``anonymous_rows`` row, the score for an anonymous user (None: none asked)."""
+    """Per ``anonymous_positions`` position, the score for an anonymous user (None: none
+    asked)."""
     features: BatchFeatures | None
     """The user's rows' features (None for no rows): what the served log records."""
 
@@ -170,28 +171,31 @@ class Scorer:
         rows: Indices,
         fusion: Fusion | None = None,
         heads: dict[str, npt.NDArray[np.float32]] | None = None,
-        anonymous_rows: Indices | None = None,
+        anonymous_positions: Indices | None = None,
     ) -> Scored:
         """:meth:`score` for rows of this thread's video table (from :meth:`select`), with
         the features scored (None for no rows), which the served log records. ``fusion``:
         the request's weights over the heads (an experiment arm's), else the scorer's.
         ``heads``: filled with every head's prediction, from the same run.
-        ``anonymous_rows``: also scored for an anonymous user (:meth:`anonymous_scores`),
-        in the same pull and ONNX run (see :func:`stack_batches`)."""
+        ``anonymous_positions``: positions in ``rows`` also scored for an anonymous user
+        (:meth:`anonymous_scores`), in the same batch, pull and ONNX run
+        (:meth:`RequestFeatureExtractor.extract_with_reference`)."""
         if not len(rows):
             return Scored(np.zeros(0, dtype=np.float32), None, None)
         t0 = time.perf_counter()
         extractor = self.extractor
-        batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
-        if anonymous_rows is None or not len(anonymous_rows):
+        if anonymous_positions is None or not len(anonymous_positions):
+            batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
             return Scored(self._pull_and_run(model, batch, t0, fusion, heads=heads), None, batch)
-        reference = extractor.extract_rows(ANONYMOUS, ts_ms, context, (), anonymous_rows)
-        both = stack_batches(self.schema, batch, reference)
+        both = extractor.extract_with_reference(
+            user_id, ts_ms, context, history, rows, ANONYMOUS, anonymous_positions
+        )
         every: dict[str, npt.NDArray[np.float32]] | None = {} if heads is not None else None
         scores = self._pull_and_run(model, both, t0, fusion, heads=every)
+        n = len(rows)
         if heads is not None and every is not None:
-            heads.update({h: p[: len(rows)] for h, p in every.items()})
-        return Scored(scores[: len(rows)], scores[len(rows) :], batch)
+            heads.update({h: p[:n] for h, p in every.items()})
+        return Scored(scores[:n], scores[n:], both.first_rows(n))
 
     def anonymous_scores(
         self,

@@ -54,6 +54,23 @@ class BatchFeatures:
             sum(len(k) for k in self.table_keys.values()) + len(self.wide_keys)
         )
 
+    def first_rows(self, n: int) -> BatchFeatures:
+        """The batch of its first ``n`` rows (views, no copy; the keys stay whole). A
+        sequence column keeps its rows: the first rows read sequence 0 and later
+        ones (the cold start's reference user, say) may read others."""
+        if n == self.batch_size:
+            return self
+        total = self.batch_size
+        return BatchFeatures(
+            n,
+            self.table_keys,
+            {k: v[:n] if len(v) == total else v for k, v in self.column_indices.items()},
+            self.wide_keys,
+            self.wide_indices[:n],
+            self.dense[:n],
+            None if self.sequence_row is None else self.sequence_row[:n],
+        )
+
     def sequence_rows(self) -> Indices:
         """:attr:`sequence_row`, or ``0..B-1`` when every row has its own sequence."""
         if self.sequence_row is not None:

@@ -140,12 +140,12 @@ def test_anonymous_rows_scored_in_the_users_run_score_as_in_their_own(
     ts, context = 1_700_000_000_000, EventContext(device="tv")
     rows = scorer.extractor.table.rows_of(videos)
     scorer.extractor.table.set_stats(rows, [VideoStats(plays=i) for i in range(40)])
-    anonymous_rows = rows[[1, 2, 3, 17, 39]]
+    positions = np.array([1, 2, 3, 17, 39])
 
     together = scorer.score_rows(model, "u1", ts, context, history, rows,
-                                 anonymous_rows=anonymous_rows)
+                                 anonymous_positions=positions)
     alone = scorer.score_rows(model, "u1", ts, context, history, rows)
-    reference = scorer.anonymous_scores(model, ts, context, anonymous_rows)
+    reference = scorer.anonymous_scores(model, ts, context, rows[positions])
 
     np.testing.assert_allclose(together.scores, alone.scores, rtol=1e-5)
     assert together.anonymous is not None
@@ -180,9 +180,9 @@ def test_a_version_exported_with_the_history_per_row_still_scores_the_same(
     history = [HistoryEntry(video_id=f"h{i}", watch_ratio=0.9, ts=1) for i in range(7)]
     rows = scorer.extractor.table.rows_of(videos)
     args = ("u2", 1_700_000_000_000, EventContext(), history, rows)
-    anonymous_rows = rows[[0, 4, 9]]
-    want = scorer.score_rows(new_model, *args, anonymous_rows=anonymous_rows)
-    got = scorer.score_rows(old_model, *args, anonymous_rows=anonymous_rows)
+    positions = np.array([0, 4, 9])
+    want = scorer.score_rows(new_model, *args, anonymous_positions=positions)
+    got = scorer.score_rows(old_model, *args, anonymous_positions=positions)
     np.testing.assert_allclose(got.scores, want.scores, rtol=1e-5)
     assert got.anonymous is not None and want.anonymous is not None
     np.testing.assert_allclose(got.anonymous, want.anonymous, rtol=1e-5)
@@ -349,3 +349,55 @@ def test_provider_preference(monkeypatch: pytest.MonkeyPatch) -> None:
     assert onnx_model.provider_preference("auto") == [cpu]
     monkeypatch.setattr(onnx_model.ort, "get_available_providers", lambda: [cpu])
     assert onnx_model.provider_preference("cuda") == [cpu]
+
+
+@pytest.mark.parametrize("user_attributes", [False, True])
+def test_reference_rows_read_what_their_own_batch_reads(user_attributes: bool) -> None:
+    """:meth:`extract_with_reference`'s rows point at the keys (and carry the dense values)
+    of each user's own :meth:`extract_rows`: the user's for every candidate, then the
+    anonymous reference's for the positions asked, sharing the videos' keys. Crosses of
+    the user with a video column, of two video columns, and of context only included."""
+    from feature_store.features.columns import Crossed
+    from feature_store.features.schema import FeatureSchema
+    from feature_store.settings import FeatureSettings
+    from tests.feature_checks import resolved
+
+    base = default_schema(FeatureSettings(user_attributes=user_attributes))
+    schema = FeatureSchema(
+        columns=(
+            *base.columns,
+            Crossed("creator_x_category", ("creator", "category")),
+            Crossed("device_x_country", ("device", "country")),
+        ),
+        history_len=base.history_len,
+    )
+    videos = [
+        make_video(video_id=f"r{i}", creator_id=f"c{i % 4}", category=f"k{i % 3}",
+                   tags=tuple(f"t{j}" for j in range(i % 5)))
+        for i in range(25)
+    ]
+    history = [HistoryEntry(video_id=f"r{i}", watch_ratio=0.8, ts=1) for i in range(6)]
+    context = EventContext(device="tv", country="DE", surface="home", position=3,
+                           age_group="25-34", gender="F")
+    ts = 1_700_000_900_000
+    extractor = RequestFeatureExtractor(schema)
+    rows = extractor.table.rows_of(videos)
+    extractor.table.set_stats(rows, [VideoStats(plays=i, impressions=2 * i) for i in range(25)])
+    positions = np.array([0, 3, 4, 11, 24])
+    both = extractor.extract_with_reference("u7", ts, context, history, rows, "~anon", positions)
+    user = extractor.extract_rows("u7", ts, context, history, rows)
+    reference = extractor.extract_rows("~anon", ts, context, (), rows[positions])
+    assert both.batch_size == 30
+    got = resolved(both, schema)
+    for part, want_batch in ((slice(0, 25), user), (slice(25, 30), reference)):
+        want = resolved(want_batch, schema)
+        assert got.keys() == want.keys()
+        for name, keys in want.items():
+            np.testing.assert_array_equal(got[name][part], keys, err_msg=name)
+        np.testing.assert_allclose(both.dense[part], want_batch.dense, rtol=1e-6)
+    # The videos' keys are listed once: the reference adds its own keys only.
+    assert len(both.table_keys["video"]) < len(user.table_keys["video"]) + 5
+    head = both.first_rows(25)
+    assert head.batch_size == 25
+    for name, keys in resolved(user, schema).items():
+        np.testing.assert_array_equal(resolved(head, schema)[name], keys, err_msg=name)
