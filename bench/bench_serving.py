@@ -97,9 +97,14 @@ def make_requests(count: int, candidates: int, seed: int = 0) -> list[dict[str, 
     return out
 
 
-def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_VIDEOS) -> str:
-    """Fill the data directory (or Redis) for a catalog of ``videos``; returns the model
-    version."""
+def prepare(
+    settings: Settings,
+    requests: list[dict[str, Any]],
+    videos: int = N_VIDEOS,
+    events: int = N_EVENTS,
+) -> str:
+    """Fill the data directory (or Redis) for a catalog of ``videos`` that has seen
+    ``events`` events; returns the model version."""
     from app.schemas import RecommendRequest
     from app.scoring.features import RequestFeatureExtractor
     from feature_store.features.schema import WIDE_TABLE
@@ -120,7 +125,7 @@ def prepare(settings: Settings, requests: list[dict[str, Any]], videos: int = N_
         for start in range(0, len(catalog), 50_000):
             res.catalog.upsert(catalog[start : start + 50_000])
         signals.index_videos(catalog)
-        events = world.events(N_EVENTS)
+        events = world.events(events)
         by_id = {v.video_id: v for v in catalog}
         for start in range(0, len(events), 5000):
             chunk = events[start : start + 5000]
@@ -607,6 +612,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--candidates", type=int, default=500)
     parser.add_argument("--backend", choices=["memory", "redis"], default="memory")
+    parser.add_argument(
+        "--events", type=int, default=N_EVENTS,
+        help="events the world has seen before serving: the default leaves almost every "
+        "candidate *new* (under rerank.new_video_impressions, so the cold start scores it "
+        "for an anonymous user too); 500000 gives a catalog most of whose videos are past it",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving.json"))
     parser.add_argument(
         "--baseline-tree", default=None,
@@ -634,7 +645,7 @@ def main() -> int:
     requests = make_requests(DISTINCT_REQUESTS, args.candidates)
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
-    version = prepare(settings, requests)
+    version = prepare(settings, requests, events=args.events)
     print(f"prepared {data_dir} in {time.perf_counter() - t0:.1f} s; model {version}")
 
     env = {"VIDREC_API__SIGNAL_FEED": "false"}
@@ -706,6 +717,7 @@ def main() -> int:
     results["meta"] = {
         "backend": args.backend,
         "candidates": args.candidates,
+        "events_before_serving": args.events,
         "cpus": os.cpu_count(),
         "load_average_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(),
