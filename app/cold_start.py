@@ -60,28 +60,28 @@ events, so such a user scores the prior:
 Why this form, by measurement (``bench/cold_start_variants.py`` over the
 rows of ``bench/bench_personal.py``'s *new videos by taste* probe: one new
 video per category scored for the 60 most active demo users, against the
-world's true play probabilities; figures of two runs, ``docs/benchmarks.md``,
-*Personal feeds*; the model's lift alone put the user's favourite first for
-0.78 / 0.93 of them, cross-entropy 0.489 / 0.479):
+world's true play probabilities, mean 0.21; means of four 5-minute runs on
+Kafka + Redis, ``docs/benchmarks.md``, *Personal feeds*). The model's lift
+alone put the user's favourite first for 0.84 of them (pairs of categories
+ordered right 0.672, cross-entropy 0.479); with the own lift, ``s = 2``:
+0.975 (0.726, 0.382).
 
 - *shares, not rates*: the history holds the entries a user acted on (a
   play, a skip), not the impressions they let pass, so ``a / (a + b)`` is
   not an engagement rate; used as one to update the prior moved by the
-  model's lift, ``(s * q + a) / (s + a + b)``, it ordered the categories a
-  little better (pairs 0.770 / 0.752 against 0.735 / 0.715) but inflated the
-  scores (cross-entropy 0.417 / 0.411 against 0.391 / 0.386; on a replay of
-  the demo world it predicted 0.58 where 0.42 played), and new videos
-  compete with established ones on score outside the exploration budget.
-  The ratio of shares is unit-free, and the prior keeps the calibration;
+  model's lift, ``(s * q + a) / (s + a + b)``, it ordered pairs better
+  (0.766) but inflated the scores (mean 0.34 against 0.29, cross-entropy
+  0.401; on a replay of the demo world, 0.58 where 0.42 played), and new
+  videos compete with established ones on score outside the exploration
+  budget. The ratio of shares is unit-free; the prior keeps the calibration;
 - *both lifts, summed*: the model reads the same counts, so the sum counts
-  the category twice where the model learnt it; but the model's lift
+  the category twice where the model learnt it, but the model's lift
   carries what the counts cannot (the user's bias, tags, the sequence):
-  fading it as the counts grow (weight ``s / (s + a + b)``) put the
-  favourite first for 0.87 / 0.93 of the users instead of 0.98 / 0.97. The
-  own lift also holds where the model's is timid: a cat11 lover (six liked
-  cat11 videos, three skipped cat10 ones) once scored a new cat11 video
-  0.146 and a new cat10 one 0.194 (Kafka + Redis under load), the category
-  priors winning;
+  without it, or fading it as the counts grow (weight ``s / (s + a + b)``),
+  the favourite came first for 0.93 of the users (cross-entropy 0.377 and
+  0.382). The own lift holds where the model's is timid: a cat11 lover (six
+  liked cat11 videos, three skipped cat10 ones) once scored a new cat11
+  video 0.146 and a new cat10 one 0.194 (Kafka + Redis under load);
 - ``s = 2``: of 1, 2, 4, 8 and 16, 1 and 2 came within 0.01 of each other
   (4 and up worse) on the probe and on the replay (the counts alone
   predicting the next play); 2 lets one entry move a category less (one
