@@ -6,7 +6,7 @@ trace), so an engineer can answer "why was this video shown to this
 user" from the response alone: which sources proposed it, what each ranking
 head predicted, how the heads were fused, what the two-tower and
 co-visitation terms added to the ranking, and what the rerank did (a new
-video's prior and the user's lift, an exploration slot, a creator demotion).
+video's prior and the user's lifts, an exploration slot, a creator demotion).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def _rerank_notes(trace: RerankTrace | None) -> dict[int, dict[str, Any]]:
                 "new_video": True,
                 "prior": float(new.mean[j]),
                 "lift": float(trace.lift[j]) if trace.lift is not None else None,
+                "own_lift": float(new.own[j]),
             }
     for position in trace.explored.tolist():
         notes.setdefault(position, {})["explored"] = True

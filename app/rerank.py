@@ -11,9 +11,9 @@ One call per model-ranked request (:meth:`Reranker.rerank`), after scoring:
    an entry, whatever order the two arrived in: only engaged events write
    one).
 2. **Cold start** (:mod:`app.cold_start`): a new video scores its calibrated
-   posterior mean moved by the user's lift (the model's score for this user
-   against an anonymous one's), blending into the model's score as its
-   exposure grows.
+   posterior mean moved by the user's lifts (the model's score for this user
+   against an anonymous one's, and the user's own history of its category
+   and creator), blending into the model's score as its exposure grows.
 3. **Creator demotion**: a video whose creator the user disliked has its
    score multiplied by ``1 - penalty * 2**(-age / half_life)`` (age since the
    user's latest dislike of that creator): bounded, and fading.
@@ -219,7 +219,7 @@ class Reranker:
         drop = excluded(view, history, table, rows, served)
         facts = self._facts()
         by_row, uploaded = facts.of_rows(table, rows)
-        new = self.cold_start.new_videos(table, rows, uploaded, now_ms)
+        new = self.cold_start.new_videos(table, rows, uploaded, now_ms, history)
         out = scores.astype(np.float64)
         reference = None
         if len(new.positions):

@@ -72,12 +72,15 @@ class RerankNote(_Response):
 
     new_video: bool = False
     """Exposure below ``rerank.new_video_impressions``: scored its prior moved by the
-    user's lift, blending into the model's score with exposure."""
+    user's lifts, blending into the model's score with exposure."""
     prior: float | None = None
     """A new video's calibrated posterior mean."""
     lift: float | None = None
     """A new video's lift: log-odds of the model's score for this user minus for an
     anonymous user."""
+    own_lift: float | None = None
+    """A new video's own lift: log-odds of the user's shrunk share of positive entries in
+    its category and creator against their share overall (0 without a history)."""
     explored: bool = False
     """Took one of the ``rerank.exploration_budget`` slots (Thompson sampling)."""
     creator_factor: float | None = None

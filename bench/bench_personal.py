@@ -22,7 +22,16 @@ demo's settings) for ``--minutes``, then probes it as a person would:
   :data:`GAP` more videos of A than the second), and how far the same top 10
   of a third, event-less user moved;
 - **new videos**: a video uploaded now in A and one in B, each user's scores
-  for the two (a brand-new video of a loved category should come first).
+  for the two (a brand-new video of a loved category should come first);
+- **new videos by taste**: one video uploaded now in each category (new
+  creators), scored for the 60 most active demo users: how often a user's
+  best-scored one lies in their three favourite categories, the share of
+  category pairs ordered as the user's true play probabilities order them,
+  and the cross-entropy of the scores against those probabilities (a video of
+  average quality shown first: ``sigmoid(1.6 * (1.4 * taste + bias) - 1.2)``,
+  :mod:`feature_store.sim.world`); the same figures for the prior moved by
+  the model's lift alone (the score before issue #21's own-evidence step,
+  from each item's explanation), and per item the parts, to compare variants.
 
 Prints one JSON document and writes ``bench/results/personal-<backend>.json``.
 """
@@ -250,6 +259,71 @@ def probe_new_videos(client: Any, service: Any, opposite: dict[str, Any]) -> dic
     return {"scores": out, "loved_category_first": bool(a_first and b_first)}
 
 
+def probe_new_video_tastes(client: Any, service: Any, demo: Any, users: int = 60) -> dict[str, Any]:
+    """One new video per category, scored for the most active demo users (module doc)."""
+    from app.schemas import RecommendRequest
+    from feature_store.features.dense import history_counts
+
+    world = demo.world
+    now = int(time.time() * 1000)
+    tag = uuid.uuid4().hex[:6]
+    cats = list(range(world.config.categories))
+    ids = [f"new-t{cat}-{tag}" for cat in cats]
+    videos = [{"video_id": ids[cat], "creator_id": f"c-{ids[cat]}", "category": f"cat{cat}",
+               "duration_ms": 40_000, "uploaded_at": now} for cat in cats]
+    assert client.put("/v1/videos", json={"videos": videos}, headers=KEY).status_code == 200
+    rows: list[dict[str, Any]] = []
+    for user in np.argsort(-world.user_activity)[:users].tolist():
+        uid = world.user_id(user)
+        response = service.recommender.recommend(
+            RecommendRequest(user_id=uid, candidates=ids, count=len(ids), explain=True)
+        )
+        engaged, rejected, _, _ = history_counts(service.resources.activity.history(uid))
+        for item in response.items:
+            cat = ids.index(item.video_id)
+            assert item.explanation is not None
+            why = item.explanation.rerank
+            truth = 1 / (1 + np.exp(-(1.6 * (1.4 * world.user_taste[user, cat]
+                                             + world.user_bias[user]) - 1.2)))
+            rows.append({
+                "user": user, "category": cat, "score": item.score,
+                "model": item.explanation.model_score, "prior": why.prior, "lift": why.lift,
+                "own_lift": getattr(why, "own_lift", None),
+                "engaged": engaged[f"cat{cat}"], "rejected": rejected[f"cat{cat}"],
+                "engaged_all": sum(engaged.values()), "rejected_all": sum(rejected.values()),
+                "truth": float(truth),
+                "favourite": cat in np.argsort(-world.user_taste[user])[:3].tolist(),
+            })
+    return {"users": users, "scored": taste_figures(rows, "score"),
+            "prior_and_lift": taste_figures(rows, "prior_and_lift"), "rows": rows}
+
+
+def taste_figures(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """Favourite first, pair agreement and cross-entropy of ``key`` (module doc)."""
+    def value(row: dict[str, Any]) -> float:
+        if key != "prior_and_lift":
+            return float(row[key])
+        p, lift = row["prior"], row["lift"] or 0.0
+        return float(1 / (1 + np.exp(-(np.log(p / (1 - p)) + lift))))
+
+    by_user: dict[int, list[tuple[float, float, bool]]] = {}
+    for row in rows:
+        by_user.setdefault(row["user"], []).append((value(row), row["truth"], row["favourite"]))
+    first, agree, pairs, entropy = 0, 0, 0, []
+    for items in by_user.values():
+        first += max(items)[2]
+        for i, (s, t, _) in enumerate(items):
+            q = min(max(s, 1e-6), 1 - 1e-6)
+            entropy.append(-(t * np.log(q) + (1 - t) * np.log(1 - q)))
+            for s2, t2, _ in items[i + 1:]:
+                if s != s2 and t != t2:
+                    pairs += 1
+                    agree += (s > s2) == (t > t2)
+    return {"favourite_first": round(first / max(1, len(by_user)), 4),
+            "pair_agreement": round(agree / max(1, pairs), 4),
+            "cross_entropy": round(float(np.mean(entropy)), 4)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -286,6 +360,7 @@ def main() -> int:
             pools = probe_pools(service, demo)
             opposite = probe_opposite(client, service, demo)
             new_videos = probe_new_videos(client, service, opposite)
+            tastes = probe_new_video_tastes(client, service, demo)
     finally:
         for svc in services:
             svc.stop()
@@ -298,6 +373,7 @@ def main() -> int:
         "pools": pools,
         "opposite_tastes": opposite,
         "new_videos": new_videos,
+        "new_video_tastes": tastes,
         "machine": f"{cpu_model(platform.machine())}, {os.cpu_count()} cores",
         "load_average_at_start": os.getloadavg()[0],
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),

@@ -502,6 +502,12 @@ class RerankSettings(_Section):
     category with few young videos gets nearly the global rate."""
     prior_refresh_s: float = Field(10.0, gt=0)
     """Seconds between re-estimates of the new-video rates from the counters serving holds."""
+    own_evidence_strength: float = Field(2.0, gt=0)
+    """Pseudo-entries shrinking a user's share of positive history entries in a new
+    video's category toward their share overall (and in its creator toward the category's):
+    how many of their own entries there weigh as much as the shrinkage. Small: a few of a
+    user's own likes and skips order their new videos across categories (``app.cold_start``;
+    why 2: ``docs/benchmarks.md``, *Personal feeds*)."""
 
 
 class AnnSettings(_Section):

@@ -51,13 +51,7 @@ from feature_store.catalog.base import Video
 from feature_store.events import EventContext
 from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.features.columns import Categorical, Crossed, FeatureRow, MultiValued
-from feature_store.features.dense import (
-    AFFINITY_FIELDS,
-    DenseInputs,
-    dense_matrix,
-    history_counts,
-    reads_affinity,
-)
+from feature_store.features.dense import DenseInputs, dense_matrix, reads_affinity
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.keys import Keys, cross_keys
 from feature_store.features.schema import FeatureSchema
@@ -473,29 +467,6 @@ class RequestFeatureExtractor(FeatureExtractor):
         )
         return dense_matrix([self.schema.dense[j] for j in self._video_dense], inputs)
 
-    def _affinity_of(
-        self, history: Sequence[HistoryEntry], idx: Indices
-    ) -> npt.NDArray[np.float64]:
-        """The affinity counts of the candidates in ``idx`` (see :data:`AFFINITY_FIELDS`):
-        the history counted once, then spread over the candidates by their category and
-        creator codes."""
-        out = np.zeros((len(idx), len(AFFINITY_FIELDS)))
-        if not history:
-            return out
-        table = self.table
-        counts = history_counts(history)
-        for j, (codes, rows) in enumerate(
-            ((table.category_code, table.category), (table.category_code, table.category),
-             (table.creator_code, table.creator), (table.creator_code, table.creator))
-        ):
-            per_code = np.zeros(len(codes) + 1)
-            for value, count in counts[j].items():
-                code = codes.get(value)
-                if code is not None:
-                    per_code[code] = count
-            out[:, j] = per_code[rows[idx]]
-        return out
-
     def _dense(
         self, ts_ms: int, history: Sequence[HistoryEntry], idx: Indices
     ) -> npt.NDArray[np.float32]:
@@ -507,7 +478,7 @@ class RequestFeatureExtractor(FeatureExtractor):
             fields={name: numbers[:, j] for j, name in enumerate(self._numbers)},
             stats=table.stats[idx],
             history_len=np.full(batch, float(len(history))),
-            affinity=self._affinity_of(history, idx) if self._affinity else None,
+            affinity=table.affinity(history, idx) if self._affinity else None,
         )
         out = np.empty((batch, len(self.schema.dense)), dtype=np.float32)
         if self._video_dense:

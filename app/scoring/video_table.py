@@ -42,10 +42,10 @@ import numpy as np
 import numpy.typing as npt
 
 from app.candidates.retrieval import CandidateFilter
-from feature_store.activity.base import VideoStats
+from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
 from feature_store.changelog import ChangeLog
-from feature_store.features.dense import STAT_FIELDS, stats_matrix
+from feature_store.features.dense import AFFINITY_FIELDS, STAT_FIELDS, history_counts, stats_matrix
 from feature_store.features.extract import Indices
 from feature_store.features.keys import Keys
 
@@ -366,6 +366,26 @@ class VideoTable:
                 elif changed:
                     rows = [r for r in map(self.row_of.get, changed) if r is not None]
                     deadline[rows] = -math.inf
+
+    def affinity(self, history: Sequence[HistoryEntry], rows: Indices) -> npt.NDArray[np.float64]:
+        """The user's affinity counts (:data:`AFFINITY_FIELDS`) for the videos of ``rows``:
+        the history counted once, then spread over the rows by their category and creator
+        codes (the dense features' counts, and the cold start's own evidence)."""
+        out = np.zeros((len(rows), len(AFFINITY_FIELDS)))
+        if not history:
+            return out
+        counts = history_counts(history)
+        for j, (codes, of_row) in enumerate(
+            ((self.category_code, self.category), (self.category_code, self.category),
+             (self.creator_code, self.creator), (self.creator_code, self.creator))
+        ):
+            per_code = np.zeros(len(codes) + 1)
+            for value, count in counts[j].items():
+                code = codes.get(value)
+                if code is not None:
+                    per_code[code] = count
+            out[:, j] = per_code[of_row[rows]]
+        return out
 
     def passing(self, rows: Indices, keep: CandidateFilter) -> npt.NDArray[np.bool_]:
         """Which ``rows`` (from :meth:`lookup`) are known, visible and pass ``keep``."""

@@ -245,6 +245,42 @@ def test_the_users_own_signal_moves_a_new_video_off_its_prior() -> None:
     assert out[1] == pytest.approx(0.2)  # 20 impressions: the model's own score
 
 
+def test_the_users_own_history_orders_new_videos_against_the_category_priors() -> None:
+    """Issue #21: a prior must never erase the user's own signal. The skipped category's
+    new-video rate is four times the loved one's, and the model reads nothing of the user
+    (the same score as for an anonymous user): six liked videos of the loved category and
+    three skipped of the other still put the loved category's new video first."""
+    videos, stats = [], []
+    for i in range(40):  # young videos: "hot" engages 40%, "slow" 10%
+        hot = i % 2 == 0
+        videos.append(make_video(video_id=f"y{i}", category="hot" if hot else "slow"))
+        stats.append(VideoStats(impressions=10, plays=4 if hot else 1))
+    videos += [make_video(video_id="new-slow", category="slow", creator_id="n1"),
+               make_video(video_id="new-hot", category="hot", creator_id="n2")]
+    stats += [VideoStats(), VideoStats()]
+    table, rows = table_of(videos, stats)
+    rr = reranker(exploration_budget=0.0, category_shrinkage=10)
+    ids = [v.video_id for v in videos]
+    scores = np.full(len(videos), 0.3, dtype=np.float32)
+
+    def reranked(history: Sequence[HistoryEntry]) -> tuple[float, float]:
+        out, _ = rr.rerank("u1", NOW, history, None, ids, table, rows, scores, len(ids),
+                           anonymous=lambda positions: scores[positions])
+        return float(out[-2]), float(out[-1])  # new-slow, new-hot
+
+    prior_slow, prior_hot = reranked(())
+    assert prior_hot > 3 * prior_slow  # no events: the priors, the skipped category's higher
+    lover = [HistoryEntry(video_id=f"y{i}", watch_ratio=1.0, ts=NOW - i, action="like",
+                          category="slow", creator_id=f"c{i}") for i in range(1, 12, 2)]
+    lover += [HistoryEntry(video_id=f"y{i}", watch_ratio=0.0, ts=NOW - i, action="skip",
+                           category="hot", creator_id=f"c{i}") for i in range(0, 6, 2)]
+    slow, hot = reranked(lover)
+    assert slow > hot
+    # One like and one skip are evidence too, short of overturning a fourfold prior.
+    slow_one, hot_one = reranked(lover[:1] + lover[6:7])
+    assert prior_slow < slow_one < slow and prior_hot > hot_one > hot and hot_one > slow_one
+
+
 # --- feedback ---------------------------------------------------------------------
 
 
