@@ -51,8 +51,11 @@ class RedisSettings(_Section):
     """Treat ``url`` as a seed node of a Redis Cluster."""
     socket_timeout_s: float = Field(2.0, gt=0)
     """Seconds a single command may take before it is an error."""
-    max_connections: int = Field(32, ge=1)
-    """Size of the client's connection pool."""
+    max_connections: int = Field(128, ge=1)
+    """Size of the client's connection pool, shared by a process's threads; a thread that
+    finds every connection out waits up to ``socket_timeout_s`` for one. One recommend
+    holds up to 14 at once (one per store and table read together), a trainer's batch
+    about as many, so 32 was reached with the embedded trainer beside a few requests."""
     batch_chunk: int = Field(8192, ge=64)
     """Keys per pipelined round trip; bounds a single reply's size, not a batch."""
 

@@ -40,12 +40,22 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
     :class:`redis.cluster.RedisCluster` (it discovers the other nodes and
     the slot map on creation, so an unreachable seed fails here); the
     sparse tables then use :class:`~feature_store.sparse.cluster.ClusterSparseTable`.
+
+    The pool *blocks* when all ``settings.max_connections`` are out: a caller
+    waits for one (up to ``socket_timeout_s``, then the backend is unavailable)
+    instead of failing at once with redis-py's "Too many connections". One
+    process shares the client among the request threads, the embedded trainer
+    and the feeds, and a request's reads each hold a connection for one round
+    (:mod:`feature_store.sparse.steps`: 14 for one recommend of the default
+    schema); the demo on Kafka + Redis hit the old non-blocking pool's limit a
+    few times a run.
     """
     if settings.cluster:
         return connect_cluster(settings)  # type: ignore[return-value]
     breaker = Breaker("redis")
-    client = redis.Redis.from_url(
+    pool = redis.BlockingConnectionPool.from_url(
         settings.url,
+        timeout=settings.socket_timeout_s,
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=settings.socket_timeout_s,
         max_connections=settings.max_connections,
@@ -54,7 +64,9 @@ def connect_redis(settings: RedisSettings) -> redis.Redis:
         connection_class=BreakerConnection,
         breaker=breaker,
     )
-    breaker.probe = redis_probe(client.connection_pool.connection_kwargs)
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # closing the client closes its pool
+    breaker.probe = redis_probe(pool.connection_kwargs)
     return client
 
 

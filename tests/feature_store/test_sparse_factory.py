@@ -109,3 +109,47 @@ def test_duplicate_names_are_refused() -> None:
     settings = load_settings()
     with pytest.raises(ConfigurationError, match="two sparse tables"):
         SparseTables.open([SPECS[0], SPECS[0]], settings)
+
+
+@pytest.mark.redis
+def test_more_readers_than_connections_wait_for_one_instead_of_failing(redis_url: str) -> None:
+    """Eight threads, each holding a connection of a 2-connection pool while another round
+    would start: they take turns (redis-py's plain pool refused the third at once with
+    "Too many connections", which the demo met as degraded answers); a connection that
+    never frees up is the backend unavailable after ``socket_timeout_s``, not a hang."""
+    import threading
+
+    from feature_store.sparse.resp import borrowed
+
+    client = connect_redis(RedisSettings(url=redis_url, max_connections=2, socket_timeout_s=5))
+    pool = client.connection_pool
+    inside, errors = [], []
+    both_out = threading.Barrier(2, timeout=5)
+
+    def read(k: int) -> None:
+        try:
+            with borrowed(pool, SparseTableUnavailable, "test") as conn:
+                conn.send_command("PING")
+                assert conn.read_response() in (b"PONG", "PONG")
+                inside.append(k)
+                if k < 2:
+                    both_out.wait()  # the first two hold both connections at once
+        except Exception as exc:  # noqa: BLE001 - what failed is what the test reports
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(8)]
+    for thread in threads[:2]:
+        thread.start()
+    for thread in threads[2:]:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == [] and sorted(inside) == list(range(8))
+
+    starved = connect_redis(RedisSettings(url=redis_url, max_connections=1, socket_timeout_s=0.2))
+    with borrowed(starved.connection_pool, SparseTableUnavailable, "holder"):
+        with pytest.raises(SparseTableUnavailable):
+            with borrowed(starved.connection_pool, SparseTableUnavailable, "waiter"):
+                pass
+    client.close()
+    starved.close()
