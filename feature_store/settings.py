@@ -487,9 +487,10 @@ class RerankSettings(_Section):
     dislike_penalty_half_life_s: float = Field(7 * 24 * 3600, gt=0)
     """Half-life of the creator demotion, seconds since the user's latest dislike of it."""
     new_video_impressions: int = Field(20, ge=1, le=100_000)
-    """A video shown fewer times than this is *new*: its score is capped by its calibrated
-    prior and it may take an exploration slot. Exposure counts impressions, or engaged
-    views where clients log no impressions."""
+    """A video shown fewer times than this is *new*: it is scored from its calibrated prior
+    moved by what the model and the user's own history say of this user (``app.cold_start``),
+    toward the model's own score as its exposure grows, and it may take an exploration slot.
+    Exposure counts impressions, or engaged views where clients log no impressions."""
     explore_max_age_s: float = Field(7 * 24 * 3600, gt=0)
     """Only videos uploaded within this many seconds (of the request's clock) may take an
     exploration slot: the budget is for new uploads, and an older video still short of
