@@ -214,7 +214,7 @@ class Recommender:
     ) -> RecommendResponse:
         t0 = time.perf_counter()
         now_ms = int(self.clock() * 1000)
-        history, feedback = self._user_reads(request.user_id, now_ms)
+        history, feedback = self._user_reads(request.user_id, now_ms, request.candidates)
         query, vector = self._query(request, history, now_ms, model)
         found = self._candidates(request, query)
         self.metrics.observe_stage("candidates", time.perf_counter() - t0)
@@ -259,16 +259,19 @@ class Recommender:
         return response
 
     def _user_reads(
-        self, user_id: str, now_ms: int
+        self, user_id: str, now_ms: int, candidates: Sequence[str] | None = None
     ) -> tuple[list[HistoryEntry], FeedbackView | None]:
         """The user's history and, for the rerank, feedback: read together, so with Redis
-        stores they cost one round trip (:mod:`feature_store.sparse.steps`)."""
+        stores they cost one round trip (:mod:`feature_store.sparse.steps`). Given
+        ``candidates``, their counters due for a read ride in the same round trip
+        (:meth:`Scorer.stats_steps`)."""
         reads = [stepped(self.activity, "history", user_id)]
         if self.rerank is not None:
             reads.append(stepped(self.rerank.feedback, "read", user_id, now_ms))
-        results = run(reads)
+        counters = self.scorer.stats_steps(candidates) if candidates else None
+        results = run(reads if counters is None else [*reads, counters])
         history = cast(list[HistoryEntry], results[0])
-        return history, cast(FeedbackView, results[1]) if len(results) > 1 else None
+        return history, cast(FeedbackView, results[1]) if self.rerank is not None else None
 
     def pool(self, request: RecommendRequest) -> Pool:
         """The candidate pool the sources would propose for ``request`` now (before the

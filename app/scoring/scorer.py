@@ -34,6 +34,7 @@ from feature_store.features.extract import BatchFeatures, Indices
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema
 from feature_store.models import model_io
 from feature_store.sparse.base import SparseTable
+from feature_store.sparse.steps import Steps
 
 StageObserver = Callable[[str, float], None]
 """Receives ``(stage, seconds)`` for the per-stage latency histograms."""
@@ -142,6 +143,13 @@ class Scorer:
         if heads is not None:
             heads.update(every)
         return fusion.fuse(every)
+
+    def stats_steps(self, video_ids: Sequence[str]) -> Steps[None] | None:
+        """This thread's video table's read of the counters :meth:`select` would read for
+        ``video_ids`` (:meth:`VideoTable.stats_steps`), to run beside other reads."""
+        if self.videos is None:
+            return None
+        return self.extractor.table.stats_steps(video_ids, self.videos)
 
     def select(
         self, video_ids: Sequence[str], keep: CandidateFilter, cap: int

@@ -48,6 +48,7 @@ from feature_store.changelog import ChangeLog
 from feature_store.features.dense import AFFINITY_FIELDS, STAT_FIELDS, history_counts, stats_matrix
 from feature_store.features.extract import Indices
 from feature_store.features.keys import Keys
+from feature_store.sparse.steps import Steps, stepped
 
 CACHE_MAX = 200_000
 """Rows before the table is emptied (a crude bound on memory: ~100 MB)."""
@@ -80,6 +81,9 @@ class VideoSource:
     stats_logs: tuple[ChangeLog, ...] = ()
     clock: Callable[[], float] = time.monotonic
     """Monotonic seconds the deadlines are kept in (tests pass a clock they move by hand)."""
+    get_stats_steps: Callable[[Sequence[str]], Steps[npt.NDArray[np.float64]]] | None = None
+    """:attr:`get_stats` as steps, where the store has them (Redis): see
+    :meth:`VideoTable.stats_steps`."""
 
 
 def video_source(
@@ -96,6 +100,7 @@ def video_source(
     return VideoSource(
         get_videos=catalog.get_many,
         get_stats=activity.video_stats_matrix,
+        get_stats_steps=getattr(activity, "video_stats_matrix_steps", None),
         record_ttl_s=math.inf if record_log is not None else record_ttl_s,
         stats_ttl_s=math.inf if stats_log is not None else stats_ttl_s,
         record_logs=tuple(log for log in (record_log, forgotten) if log is not None),
@@ -351,6 +356,28 @@ class VideoTable:
             self._set_stats_matrix(due, matrix)
             self.stats_until[due] = now + source.stats_ttl_s
         return rows
+
+    def stats_steps(self, video_ids: Sequence[str], source: VideoSource) -> Steps[None] | None:
+        """The read :meth:`lookup` would make of the counters of ``video_ids`` that have a
+        row past its counters' deadline, as steps that store what they read (None: none
+        due). Run in a request's first round (its history's), so with Redis the counters
+        cost no round trip of their own; :meth:`lookup` then finds them fresh. Ids
+        without a row, and rows a change log marks stale, are left to :meth:`lookup`."""
+        now = source.clock()
+        rows = np.fromiter(
+            map(self.row_of.get, video_ids, repeat(-1, len(video_ids))), np.int64, len(video_ids)
+        )
+        present = rows[rows >= 0]
+        due = np.unique(present[self.stats_until[present] < now])
+        if not len(due):
+            return None
+        return self._stats_into(due, source, now)
+
+    def _stats_into(self, due: Indices, source: VideoSource, now: float) -> Steps[None]:
+        ids = [self.videos[row].video_id for row in due.tolist()]
+        matrix = yield from stepped(source, "get_stats", ids)
+        self._set_stats_matrix(due, matrix)
+        self.stats_until[due] = now + source.stats_ttl_s
 
     def _follow(self, source: VideoSource) -> None:
         """Mark stale the rows of ids the source's change logs name since last time."""

@@ -93,6 +93,14 @@ end
 """Redis Cluster only. KEYS[1]: a history; ARGV: TTL in s (0: none), then the entries."""
 
 
+def _stats_values(replies: Sequence[Any], videos: int) -> npt.NDArray[np.float64]:
+    """The ``(videos, STAT_FIELDS)`` matrix of ``_READ_STATS`` replies (comma-joined)."""
+    values = np.concatenate([np.fromstring(r, dtype=np.float64, sep=",") for r in replies])
+    if len(values) != videos * len(STAT_FIELDS):
+        raise StoreUnavailable("activity video_stats: a counters reply of the wrong size")
+    return values.reshape(videos, len(STAT_FIELDS))
+
+
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -284,10 +292,24 @@ class RedisActivity:
                 for part in _chunks(keys, _STATS_PER_SCRIPT):
                     self._read_stats(keys=part, args=STAT_FIELDS, client=pipe)
                 replies = pipe.execute()
-        values = np.concatenate([np.fromstring(r, dtype=np.float64, sep=",") for r in replies])
-        if len(values) != len(keys) * len(STAT_FIELDS):
-            raise StoreUnavailable("activity video_stats: a counters reply of the wrong size")
-        return values.reshape(len(keys), len(STAT_FIELDS))
+        return _stats_values(replies, len(keys))
+
+    def video_stats_matrix_steps(self, video_ids: Sequence[str]) -> Steps[npt.NDArray[np.float64]]:
+        """:meth:`video_stats_matrix` as steps (:mod:`feature_store.sparse.steps`), so a
+        request's counters ride in the round trip of its history (a cluster's: at once).
+        ``EVAL`` with the script's text, not ``EVALSHA``: a steps read cannot load a
+        script Redis lost (a restart) and retry."""
+        if isinstance(self.client, RedisCluster) or not video_ids:
+            return self.video_stats_matrix(video_ids)
+        keys = [self.stats_prefix + video_id for video_id in video_ids]
+        commands = [
+            ("EVAL", _READ_STATS, len(part), *part, *STAT_FIELDS)
+            for part in _chunks(keys, _STATS_PER_SCRIPT)
+        ]
+        replies = yield from command_steps(
+            self.client, commands, StoreUnavailable, "activity video_stats failed"
+        )
+        return _stats_values(replies, len(keys))
 
     def video_stats(self, video_ids: Sequence[str]) -> list[VideoStats]:
         """Counters in the order asked; zeros for unknown videos; one round trip."""

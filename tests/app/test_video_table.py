@@ -156,6 +156,30 @@ def test_without_change_logs_copies_expire_after_their_ttl() -> None:
     assert table.passing(rows, CandidateFilter()).tolist() == [True, True, False, True]
 
 
+def test_counters_due_are_read_by_steps_beside_other_reads_and_lookup_reads_none() -> None:
+    """:meth:`VideoTable.stats_steps`: the counters a lookup would read (known rows past
+    their TTL), read where a request's first round runs them; the lookup then reads
+    nothing. Unknown ids are left to the lookup; none due: no steps."""
+    from feature_store.sparse.steps import run
+
+    store = CountingStore([make_video(video_id=f"s{i}") for i in range(4)])
+    clock = ManualClock()
+    source = video_source(store, store, record_ttl_s=10, stats_ttl_s=0.1, clock=clock)
+    table = RequestFeatureExtractor(SCHEMA).table
+    table.lookup(["s0", "s1", "s2"], source)
+    assert (store.asked_videos, store.asked_stats) == (3, 3)
+    assert table.stats_steps(["s0", "s1", "s3"], source) is None  # fresh, and s3 unknown
+    store.stats["s1"] = VideoStats(plays=7, last_ts=TS)
+    clock.advance(0.2)
+    steps = table.stats_steps(["s0", "s1", "s3", "s1"], source)
+    assert steps is not None
+    run([steps])
+    assert store.asked_stats == 5  # s0 and s1, once each
+    rows = table.lookup(["s0", "s1", "s3"], source)
+    assert (store.asked_videos, store.asked_stats) == (4, 6)  # s3 only: its record, its counters
+    assert table.stats[rows[1]].tolist() == stats_matrix([store.stats["s1"]])[0].tolist()
+
+
 def test_a_zero_ttl_reads_every_time() -> None:
     store = CountingStore([make_video(video_id="z0")])
     source = video_source(store, store, record_ttl_s=0, stats_ttl_s=0)

@@ -48,7 +48,7 @@ def calls(client: redis.Redis) -> dict[str, int]:
     """Calls of each read command Redis has processed so far."""
     stats = client.info("commandstats")
     return {name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-            for name in ("lrange", "zrangebyscore", "zrange", "zrevrange")}
+            for name in ("lrange", "zrangebyscore", "zrange", "zrevrange", "eval")}
 
 
 def test_reads_sent_together_answer_what_the_plain_reads_answer(client: redis.Redis) -> None:
@@ -72,21 +72,24 @@ def test_reads_sent_together_answer_what_the_plain_reads_answer(client: redis.Re
         activity.history_steps("u1"),
         feedback.read_steps("u1", now),
         signals.covisited_steps(["a", "b"], 10),
+        activity.video_stats_matrix_steps(["a", "unknown", "c", "a"]),
     ])
     # Every read has sent its commands and none has read its reply yet; Redis runs them all.
     assert not rounds.done
-    wanted = {"lrange": 1, "zrangebyscore": 1, "zrange": 2, "zrevrange": 2}
+    wanted = {"lrange": 1, "zrangebyscore": 1, "zrange": 2, "zrevrange": 2, "eval": 1}
     deadline = time.monotonic() + 10
     while any(calls(client)[k] - before[k] < n for k, n in wanted.items()):
         assert time.monotonic() < deadline, "the reads were not all sent at once"
         time.sleep(0.01)
-    history, view, covisited = rounds.finish()
+    history, view, covisited, counters = rounds.finish()
 
     assert len(history) == 2 and history == activity.history("u1")
     assert view == feedback.read("u1", now)
     assert view.served == {"c": BASE_TS, "d": BASE_TS}
     assert view.disliked_creators == {"c9": BASE_TS + 10}
     assert covisited and covisited == signals.covisited(["a", "b"], 10)
+    want = activity.video_stats_matrix(["a", "unknown", "c", "a"])
+    assert counters.tolist() == want.tolist() and want[0].any() and not want[1].any()
     assert run([signals.covisited_steps([], 10)]) == [[]]
 
 
