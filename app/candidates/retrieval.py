@@ -24,7 +24,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from app.candidates.sources import (
     COVISIT,
@@ -33,11 +33,12 @@ from app.candidates.sources import (
     Covisit,
     Proposal,
     build_sources,
+    propose_steps,
 )
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
-from feature_store.sparse.steps import Steps
+from feature_store.sparse.steps import Steps, run
 
 OVERASK = 1.5
 """Each source is asked for this much more than its share: some proposals are seen, hidden
@@ -139,9 +140,13 @@ class Retriever:
 
     def retrieve(self, query: CandidateQuery) -> Pool:
         """The pool for ``query`` (see the module docstring)."""
-        proposals: list[tuple[str, float, Proposal]] = []
-        for source, share, wanted in self._asks(query):
-            proposals.append((source.name, share, source.propose(query, wanted)))
+        asks = list(self._asks(query))
+        # Every source's reads sent together: with Redis stores, one wait for them all.
+        proposed = run([propose_steps(source, query, wanted) for source, _, wanted in asks])
+        proposals = [
+            (source.name, share, cast(Proposal, proposal))
+            for (source, share, _), proposal in zip(asks, proposed, strict=True)
+        ]
         pool = merge(proposals)
         for name, _, proposal in proposals:
             if name == COVISIT and proposal.weights is not None:

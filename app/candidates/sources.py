@@ -94,6 +94,13 @@ class CandidateSource(Protocol):
     def propose(self, query: CandidateQuery, limit: int) -> Proposal: ...
 
 
+def propose_steps(source: CandidateSource, query: CandidateQuery, limit: int) -> Steps[Proposal]:
+    """``source``'s proposal as steps (:mod:`feature_store.sparse.steps`): a source whose
+    stores read Redis sends its commands with the other sources' and the request waits
+    for them all once; others propose at once."""
+    return stepped(source, "propose", query, limit)
+
+
 @dataclass(frozen=True)
 class Embedding:
     """The towers' nearest videos to the user vector."""
@@ -132,7 +139,11 @@ class Covisit:
         return query.covisits
 
     def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        pairs = self.read(query, limit)[:limit]
+        (proposal,) = run([self.propose_steps(query, limit)])
+        return cast(Proposal, proposal)
+
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
+        pairs = (yield from self.read_steps(query, limit))[:limit]
         return Proposal([v for v, _ in pairs], [w for _, w in pairs])
 
 
@@ -146,13 +157,19 @@ class Creators:
     personal: bool = True
 
     def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        (proposal,) = run([self.propose_steps(query, limit)])
+        return cast(Proposal, proposal)
+
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         recent = query.watched[:TASTE_HISTORY]
         creators = [e.creator_id for e in recent if e.creator_id]
         unknown = [e.video_id for e in recent if not e.creator_id]  # entries from before
         if unknown:
             creators += [v.creator_id for v in self.catalog.get_many(unknown) if v is not None]
         top = [creator for creator, _ in Counter(creators).most_common(TOP_CREATORS)]
-        return Proposal(self.signals.creator_videos(top, limit) if top else [])
+        if not top:
+            return Proposal([])
+        return Proposal((yield from stepped(self.signals, "creator_videos", top, limit)))
 
 
 @dataclass(frozen=True)
@@ -164,9 +181,15 @@ class Categories:
     personal: bool = True
 
     def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        (proposal,) = run([self.propose_steps(query, limit)])
+        return cast(Proposal, proposal)
+
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         counts = Counter(e.category for e in query.watched[:TASTE_HISTORY] if e.category)
         top = [category for category, _ in counts.most_common(TOP_CATEGORIES)]
-        return Proposal(self.signals.category_videos(top, limit) if top else [])
+        if not top:
+            return Proposal([])
+        return Proposal((yield from stepped(self.signals, "category_videos", top, limit)))
 
 
 @dataclass(frozen=True)
@@ -178,7 +201,12 @@ class Trending:
     personal: bool = False
 
     def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        return Proposal([video for video, _ in self.signals.trending(limit)])
+        (proposal,) = run([self.propose_steps(query, limit)])
+        return cast(Proposal, proposal)
+
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
+        trending = yield from stepped(self.signals, "trending", limit)
+        return Proposal([video for video, _ in trending])
 
 
 @dataclass(frozen=True)
@@ -191,8 +219,13 @@ class Fresh:
     personal: bool = False
 
     def propose(self, query: CandidateQuery, limit: int) -> Proposal:
+        (proposal,) = run([self.propose_steps(query, limit)])
+        return cast(Proposal, proposal)
+
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         since = query.now_ms - int(self.window_s * 1000)
-        return Proposal([v.video_id for v in self.catalog.recent(limit, since_ms=since)])
+        recent = yield from stepped(self.catalog, "recent", limit, since)
+        return Proposal([v.video_id for v in recent])
 
 
 def build_sources(

@@ -188,6 +188,20 @@ class RedisSignals:
         top = float(rows[0][1]) or 1.0
         return [(_text(video), float(score) / top) for video, score in rows]
 
+    def trending_steps(self, limit: int) -> Steps[list[tuple[str, float]]]:
+        """:meth:`trending` as steps (its read shares the request's round trips)."""
+        if isinstance(self.client, RedisCluster):
+            return self.trending(limit)
+        (reply,) = yield from command_steps(
+            self.client, [("ZREVRANGE", TRENDING, 0, limit - 1, "WITHSCORES")],
+            StoreUnavailable, "signals trending failed",
+        )
+        rows = score_pairs(reply)
+        if not rows:
+            return []
+        top = rows[0][1] or 1.0
+        return [(_text(video), score / top) for video, score in rows]
+
     def covisited(self, video_ids: Sequence[str], limit: int) -> list[tuple[str, float]]:
         if not video_ids:
             return []
@@ -218,6 +232,27 @@ class RedisSignals:
 
     def category_videos(self, categories: Sequence[str], limit: int) -> list[str]:
         return self._interleaved_tops("category_videos", CATEGORY_TRENDING, categories, limit)
+
+    def creator_videos_steps(self, creator_ids: Sequence[str], limit: int) -> Steps[list[str]]:
+        """:meth:`creator_videos` as steps (its read shares the request's round trips)."""
+        return self._interleaved_tops_steps("creator_videos", CREATOR_VIDEOS, creator_ids, limit)
+
+    def category_videos_steps(self, categories: Sequence[str], limit: int) -> Steps[list[str]]:
+        """:meth:`category_videos` as steps (its read shares the request's round trips)."""
+        return self._interleaved_tops_steps(
+            "category_videos", CATEGORY_TRENDING, categories, limit
+        )
+
+    def _interleaved_tops_steps(
+        self, what: str, prefix: str, names: Sequence[str], limit: int
+    ) -> Steps[list[str]]:
+        if not names or isinstance(self.client, RedisCluster):
+            return self._interleaved_tops(what, prefix, names, limit)
+        commands = [("ZREVRANGE", prefix + name, 0, limit - 1) for name in names]
+        replies = yield from command_steps(
+            self.client, commands, StoreUnavailable, f"signals {what} failed"
+        )
+        return interleave([[_text(v) for v in rows] for rows in replies], limit)
 
     def _interleaved_tops(
         self, what: str, prefix: str, names: Sequence[str], limit: int

@@ -106,3 +106,43 @@ def test_a_redis_failure_is_the_plain_reads_error() -> None:
         with pytest.raises(StoreUnavailable):
             run([read])
     down.close()
+
+
+def test_the_sources_reads_sent_together_answer_what_the_plain_reads_answer(
+    client: redis.Redis,
+) -> None:
+    """Trending, a category's and a creator's top videos and the newest uploads (two round
+    trips: ids, then records), read as steps in one round: what the plain reads give."""
+    from feature_store.catalog import open_catalog
+    from tests.factories import make_video
+
+    catalog = open_catalog(Settings(stores={"backend": "redis"}), redis_client=client)
+    _, _, signals = stores(client)
+    videos = [
+        make_video(video_id=f"v{i}", creator_id=f"c{i % 2}", category=f"k{i % 3}",
+                   uploaded_at=BASE_TS + i)
+        for i in range(9)
+    ]
+    catalog.upsert(videos)
+    catalog.upsert([videos[7].model_copy(update={"hidden": True})])
+    signals.index_videos(videos)
+    signals.record([
+        make_event(user_id=f"u{i}", video_id=f"v{i % 5}", ts=BASE_TS + 100 + i,
+                   event_id=f"e{i}", type="like")
+        for i in range(12)
+    ])
+
+    got = run([
+        signals.trending_steps(4),
+        signals.category_videos_steps(["k0", "k1", "nothing"], 3),
+        signals.creator_videos_steps(["c1", "c0"], 3),
+        catalog.recent_steps(5, BASE_TS + 2),  # type: ignore[attr-defined]
+        catalog.recent_steps(5, BASE_TS + 100),  # type: ignore[attr-defined]
+    ])
+
+    assert got[0] and got[0] == signals.trending(4)
+    assert got[1] and got[1] == signals.category_videos(["k0", "k1", "nothing"], 3)
+    assert got[2] and got[2] == signals.creator_videos(["c1", "c0"], 3)
+    assert [v.video_id for v in got[3]] == ["v8", "v6", "v5", "v4", "v3"]  # v7 hidden
+    assert got[3] == catalog.recent(5, BASE_TS + 2)
+    assert got[4] == []
