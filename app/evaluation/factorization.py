@@ -27,12 +27,28 @@ removed; ALS against BPR; figures in ``docs/benchmarks.md``), never on the
 test. ``implicit`` is in the ``eval`` extra: :func:`available` says whether it
 is installed, and the evaluation skips this baseline with :data:`MISSING`
 when it is not.
+
+Cost, and the fits run ahead: the refits are the cost (a 50,000-user log asks
+50,000 questions and refits 614 times, at up to 310,000 pairs: about 980 s of
+CPU, 2.6 s for the last fit), and each is a pure function of the pairs before
+its point, fitted from a fresh seeded model. So :meth:`MatrixFactorization.prefitted`
+works out the refit points of a sequence of questions first (which depend only
+on the pair counts) and fits them in worker processes, in order, a few ahead of
+the questions, from :data:`PARALLEL_FITS` fits on; the questions then read
+the same item factors as when fitted one by one here (``implicit``'s solvers
+treat each row on its own, so the fit does not depend on the process or its
+threads; ``tests/app/test_factorization.py`` checks the ranks are the same).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +62,11 @@ MISSING = (
     "(pip install -e '.[eval]')"
 )
 """What the evaluation reports instead of the baseline's row when the library is absent."""
+
+
+PARALLEL_FITS = 40
+"""From this many refits, :meth:`MatrixFactorization.prefitted` fits in worker processes
+(below, a second interpreter and its imports cost more than they save)."""
 
 
 def available() -> bool:
@@ -134,31 +155,68 @@ class MatrixFactorization:
         self._model: Any = None
         self._column = np.full(len(self.item_code), -1, dtype=np.int64)
         """Column of each item code in the current fit (-1: no positive before it)."""
+        self._factors: npt.NDArray[np.float64] | None = None
+        """The current fit's item factors, as the scores use them (converted once a fit)."""
+        self._ahead: Iterator[tuple[int, Any]] | None = None
+        """Fits made ahead (:meth:`prefitted`): ``(pairs, item factors)`` in refit order."""
 
     def _refit(self, before: int) -> None:
-        import scipy.sparse as sp
-
         n = int(np.searchsorted(self.at, before))
-        known = np.unique(self.items[:n])
-        self._column = np.full(len(self.item_code), -1, dtype=np.int64)
-        self._column[known] = np.arange(len(known))
-        rows = np.unique(self.users[:n], return_inverse=True)[1]
-        matrix = sp.csr_matrix(
-            (np.ones(n, dtype=np.float32), (rows, self._column[self.items[:n]])),
-            shape=(int(rows.max()) + 1 if n else 0, len(known)),
-        )
+        self._column = _columns(self.items, n, len(self.item_code))
         self._model = als(self.params, self.seed)
         if n:
-            fit_quietly(self._model, matrix)
+            if self._ahead is not None:
+                at, factors = next(self._ahead)
+                if at != n:
+                    raise RuntimeError(f"matrix factorisation: fitted ahead at {at} pairs, "
+                                       f"asked at {n} (questions out of the planned order)")
+                self._model.item_factors = factors
+            else:
+                fit_quietly(self._model, _matrix(self.users, self.items, n, self._column))
+        self._factors = (
+            None if self._model.item_factors is None
+            else np.asarray(self._model.item_factors, dtype=np.float64)
+        )
         self._fitted_at = before
         self._fitted_pairs = n
         self.fits += 1
 
+    def refit_points(self, befores: Sequence[int]) -> list[int]:
+        """Pairs fitted on at each refit that questions at sample indices ``befores``
+        (in this order) cause; computed from the counts alone, nothing is fitted."""
+        fitted_at, fitted_pairs, out = -1, 0, []
+        for before in befores:
+            n = int(np.searchsorted(self.at, before))
+            if _stale(fitted_at, fitted_pairs, before, n, self.params.refit_every):
+                out.append(n)
+                fitted_at, fitted_pairs = before, n
+        return out
+
+    @contextmanager
+    def prefitted(self, befores: Sequence[int], workers: int | None = None) -> Iterator[None]:
+        """Within, the refits of questions asked at ``befores`` (in this order) are fitted
+        ahead in ``workers`` processes (None: one per core, at most 2) when there are
+        :data:`PARALLEL_FITS` or more; the questions must then come in that order."""
+        points = [n for n in self.refit_points(befores) if n]
+        workers = workers if workers is not None else min(2, len(os.sched_getaffinity(0)))
+        if workers < 1 or len(points) < PARALLEL_FITS:
+            yield
+            return
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_worker_init,
+            initargs=(self.users, self.items, len(self.item_code), self.params, self.seed),
+        ) as pool:
+            self._ahead = _in_order(pool, points, 2 * workers)
+            try:
+                yield
+            finally:
+                self._ahead = None
+                pool.shutdown(cancel_futures=True)
+
     def _stale(self, before: int) -> bool:
-        if self._fitted_at < 0 or before < self._fitted_at:
-            return True
-        new = int(np.searchsorted(self.at, before)) - self._fitted_pairs
-        return new >= max(1, min(self.params.refit_every, self._fitted_pairs // 10))
+        n = int(np.searchsorted(self.at, before))
+        return _stale(self._fitted_at, self._fitted_pairs, before, n, self.params.refit_every)
 
     def _user_vector(self, user: str, before: int) -> Floats | None:
         import scipy.sparse as sp
@@ -194,8 +252,8 @@ class MatrixFactorization:
         if vector is None:
             out[has] = 0.0
             return out
-        factors = np.asarray(self._model.item_factors, dtype=np.float64)
-        out[has] = factors[columns[has]] @ vector
+        assert self._factors is not None
+        out[has] = self._factors[columns[has]] @ vector
         return out
 
     def top(self, user: str, k: int, before: int, exclude: frozenset[str]) -> list[str]:
@@ -212,3 +270,64 @@ class MatrixFactorization:
                 if len(out) == k:
                     break
         return out
+
+
+def _stale(fitted_at: int, fitted_pairs: int, before: int, n: int, refit_every: int) -> bool:
+    """Whether a question at sample index ``before`` (``n`` pairs before it) refits."""
+    if fitted_at < 0 or before < fitted_at:
+        return True
+    return n - fitted_pairs >= max(1, min(refit_every, fitted_pairs // 10))
+
+
+def _columns(items: npt.NDArray[np.int64], n: int, n_items: int) -> npt.NDArray[np.int64]:
+    """Column of each item code in a fit on the first ``n`` pairs (-1: not among them)."""
+    known = np.unique(items[:n])
+    column = np.full(n_items, -1, dtype=np.int64)
+    column[known] = np.arange(len(known))
+    return column
+
+
+def _matrix(users: npt.NDArray[np.int64], items: npt.NDArray[np.int64], n: int,
+            column: npt.NDArray[np.int64]) -> Any:
+    """The (user, item) matrix of the first ``n`` pairs, in fit columns."""
+    import scipy.sparse as sp
+
+    rows = np.unique(users[:n], return_inverse=True)[1]
+    return sp.csr_matrix(
+        (np.ones(n, dtype=np.float32), (rows, column[items[:n]])),
+        shape=(int(rows.max()) + 1 if n else 0, int((column >= 0).sum())),
+    )
+
+
+_WORKER: dict[str, Any] = {}
+"""A fitting process's pairs and settings (:func:`_worker_init`)."""
+
+
+def _worker_init(users: npt.NDArray[np.int64], items: npt.NDArray[np.int64], n_items: int,
+                 params: AlsParams, seed: int) -> None:
+    _WORKER.update(users=users, items=items, n_items=n_items, params=params, seed=seed)
+
+
+def _fit_factors(n: int) -> tuple[int, Any]:
+    """``(n, item factors)`` of a fit on the first ``n`` pairs (in a worker)."""
+    users, items = _WORKER["users"], _WORKER["items"]
+    model = als(_WORKER["params"], _WORKER["seed"])
+    fit_quietly(model, _matrix(users, items, n, _columns(items, n, _WORKER["n_items"])))
+    return n, model.item_factors
+
+
+def _in_order(pool: ProcessPoolExecutor, points: Sequence[int], ahead: int
+              ) -> Iterator[tuple[int, Any]]:
+    """The fits of ``points`` in order, at most ``ahead`` submitted and not yet taken."""
+    pending: deque[Future[tuple[int, Any]]] = deque()
+    upcoming = iter(points)
+    for n in upcoming:
+        pending.append(pool.submit(_fit_factors, n))
+        if len(pending) >= ahead:
+            break
+    while pending:
+        done = pending.popleft().result()
+        nxt = next(upcoming, None)
+        if nxt is not None:
+            pending.append(pool.submit(_fit_factors, nxt))
+        yield done

@@ -233,11 +233,12 @@ def _factorization(
     model = factorization.MatrixFactorization(
         weighted.user_ids, weighted.video_ids, weighted.labels > 0.5, cfg.mf, cfg.seed
     )
-    ranks = [
-        rank_in(q.video, q.candidates, model.scores(q.user, q.candidates, q.before))
-        if q.candidates else rank_of(q.video, model.top(q.user, k, q.before, q.seen))
-        for q in queries
-    ]
+    with model.prefitted([q.before for q in queries]):  # the refits, in worker processes
+        ranks = [
+            rank_in(q.video, q.candidates, model.scores(q.user, q.candidates, q.before))
+            if q.candidates else rank_of(q.video, model.top(q.user, k, q.before, q.seen))
+            for q in queries
+        ]
     log.info("matrix factorisation: %d fits for %d questions", model.fits, len(queries))
     return ranks
 
