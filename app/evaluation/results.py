@@ -266,13 +266,15 @@ def assemble(
     timing: Timing,
     settings: Settings,
     heads: dict[str, float] | None = None,
+    mf_ranks: list[int] | None = None,
 ) -> EvalResult:
-    """The result of a run (see the module doc); ``settings`` are the online run's."""
+    """The result of a run (see the module doc); ``settings`` are the online run's;
+    ``mf_ranks``: the matrix-factorisation baseline's, when worked out during the replay."""
     index = {eid: i for i, eid in enumerate(weighted.event_ids)}
     test_idx = np.array([index[e] for e in split.test], dtype=np.int64)
     # The trainer's join window: samples of one (user, video) within it are one moment.
     rows = _Rows.of(weighted, test_idx, cfg.windows, settings.trainer.join_window_ms)
-    models, skipped = _model_rows(cfg, rows, weighted, queries)
+    models, skipped = _model_rows(cfg, rows, weighted, queries, mf_ranks)
     offline, offline_seconds = offline_wait()
     models.insert(len(models) - (1 if queries else 0), _offline_row(cfg, rows, weighted, offline))
     fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
@@ -324,6 +326,7 @@ def _model_rows(
     rows: _Rows,
     weighted: ScoredSamples,
     queries: list[Query],
+    mf_ranks: list[int] | None = None,
 ) -> tuple[list[ModelFigures], list[str]]:
     """Every model's figures but the offline one's, in the report's order, and the rows
     skipped (and why)."""
@@ -344,8 +347,9 @@ def _model_rows(
                                    k))
     skipped = []
     if queries and factorization.available():
-        models.append(rows.figures(MF_ROW, nothing, _factorization(cfg, weighted, queries, k),
-                                   k))
+        ranks: list[int | None] = (
+            list(mf_ranks) if mf_ranks is not None else _factorization(cfg, weighted, queries, k))
+        models.append(rows.figures(MF_ROW, nothing, ranks, k))
     elif queries:
         log.warning("%s", factorization.MISSING)
         skipped.append(factorization.MISSING)

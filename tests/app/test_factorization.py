@@ -8,6 +8,7 @@ import pytest
 
 from app.evaluation import factorization
 from app.evaluation.factorization import AlsParams, MatrixFactorization
+from app.evaluation.metrics import rank_in
 
 pytestmark = pytest.mark.skipif(not factorization.available(), reason="implicit not installed")
 
@@ -60,3 +61,41 @@ def test_questions_out_of_the_planned_order_are_refused(monkeypatch: pytest.Monk
     model = MatrixFactorization(users, videos, positive, params)
     with model.prefitted([500, 1000, 1500], workers=1), pytest.raises(RuntimeError):
         model.scores("u1", ["v1"], 1500)
+
+
+def test_ranks_worked_out_during_the_replay_are_the_baselines() -> None:
+    """:class:`RanksAhead` fed the samples part by part and the questions as they come
+    gives the ranks :class:`MatrixFactorization` gives over the whole stream after it."""
+    users, videos, positive = _log(2)
+    params = AlsParams(factors=8, iterations=4, refit_every=40)
+    rng = np.random.default_rng(5)
+    weights = np.where(rng.random(len(users)) < 0.9, 1.0, 0.0)  # some samples unweighted
+    labels = np.where(positive, 1.0, 0.0)
+    kept = np.flatnonzero(weights > 0)
+    pool = [f"v{i}" for i in range(75)]
+    ahead = factorization.RanksAhead(params, seed=3)
+    questions: list[tuple[str, str, tuple[str, ...], int]] = []
+    try:
+        start, before = 0, 0
+        while start < len(users):
+            end = min(len(users), start + int(rng.integers(1, 50)))
+            part = slice(start, end)
+            w = weights[part] > 0
+            ahead.add(users[part], videos[part], w & (labels[part] > 0.5))
+            before += int(w.sum())
+            start = end
+            for _ in range(int(rng.integers(0, 3))):
+                user = f"u{int(rng.integers(0, 130))}"
+                candidates = tuple(rng.permutation(pool)[:20].tolist())
+                video = candidates[int(rng.integers(0, 20))]
+                ahead.ask(before, user, video, candidates)
+                questions.append((user, video, candidates, before))
+        got = ahead.ranks()
+    finally:
+        ahead.close()
+    model = MatrixFactorization([users[i] for i in kept], [videos[i] for i in kept],
+                                labels[kept] > 0.5, params, seed=3)
+    want = [rank_in(video, candidates, model.scores(user, candidates, before))
+            for user, video, candidates, before in questions]
+    assert len(questions) > 40 and model.fits > 5
+    assert got == want
