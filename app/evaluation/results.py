@@ -347,9 +347,9 @@ def _model_rows(
                                    k))
     skipped = []
     if queries and factorization.available():
-        ranks: list[int | None] = (
+        mf: list[int | None] = (
             list(mf_ranks) if mf_ranks is not None else _factorization(cfg, weighted, queries, k))
-        models.append(rows.figures(MF_ROW, nothing, ranks, k))
+        models.append(rows.figures(MF_ROW, nothing, mf, k))
     elif queries:
         log.warning("%s", factorization.MISSING)
         skipped.append(factorization.MISSING)
