@@ -75,6 +75,7 @@ from typing import Any, Literal, runtime_checkable
 
 import numpy as np
 
+from app.cold_start import ColdStart
 from app.evaluation import factorization
 from app.evaluation.factorization import AlsParams, RanksAhead
 from app.evaluation.feed import (
@@ -362,6 +363,12 @@ class _Online:
         with open_service(resources) as service:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
+            if service.recommender.rerank is not None:
+                # Exploration draws seeded, cold-start rates refreshed on event time: the
+                # answers do not depend on the machine's speed or on the run.
+                service.recommender.rerank.cold_start = ColdStart(
+                    resources.settings.rerank, seed=self.cfg.seed, clock=lambda: self.now_s
+                )
             replay = self.replay_factory(resources)
             feed = SignalFeed(resources, service.signals, service.feedback, snapshots=False)
             consumer = resources.event_log.consumer(feed_group(resources))
