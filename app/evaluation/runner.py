@@ -357,9 +357,6 @@ class _Online:
 
     def run(self, queries: list[Query]) -> ScoredSamples:
         resources = self.resources
-        if (queries and queries[0].candidates and _parallel(self.cfg, len(self.events))
-                and factorization.available()):
-            self.mf_ahead = RanksAhead(self.cfg.mf, self.cfg.seed)
         with open_service(resources) as service:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
@@ -373,6 +370,9 @@ class _Online:
             feed = SignalFeed(resources, service.signals, service.feedback, snapshots=False)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
+                if (queries and queries[0].candidates and factorization.available()
+                        and _parallel(self.cfg, len(self.events))):
+                    self.mf_ahead = RanksAhead(self.cfg.mf, self.cfg.seed)
                 for query in queries:
                     self._advance(query.position, replay, feed, consumer)
                     if self.since_export >= self.cfg.export_every:
