@@ -335,9 +335,14 @@ class _Online:
     """The first pass (see the module doc): trainer, signal feed and service."""
 
     def __init__(
-        self, cfg: EvalConfig, stream: Stream, resources: Resources, replay: ReplayFactory
+        self, cfg: EvalConfig, stream: Stream, resources: Resources, replay: ReplayFactory,
+        baselines: bool = False,
     ) -> None:
+        """``baselines``: work out the matrix-factorisation baseline's ranks beside the
+        replay where :func:`_parallel` says so (``evaluate``; a replay alone, such as
+        ``bench/screen_loo.py``, has no use for them)."""
         self.cfg = cfg
+        self.baselines = baselines
         self.replay_factory = replay
         self.events = stream.events
         self.users = stream.users
@@ -370,8 +375,8 @@ class _Online:
             feed = SignalFeed(resources, service.signals, service.feedback, snapshots=False)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
-                if (queries and queries[0].candidates and factorization.available()
-                        and _parallel(self.cfg, len(self.events))):
+                if (self.baselines and queries and queries[0].candidates
+                        and factorization.available() and _parallel(self.cfg, len(self.events))):
                     self.mf_ahead = RanksAhead(self.cfg.mf, self.cfg.seed)
                 for query in queries:
                     self._advance(query.position, replay, feed, consumer)
@@ -568,7 +573,7 @@ def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
                 _check_scratch(resources)
             if stream.videos:
                 resources.catalog.upsert(stream.videos)
-            online = _Online(cfg, stream, resources, trainers.replay)
+            online = _Online(cfg, stream, resources, trainers.replay, baselines=True)
             t0 = time.perf_counter()
             samples = online.run(queries)
             online_seconds = time.perf_counter() - t0
