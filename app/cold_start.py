@@ -112,7 +112,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -221,9 +221,18 @@ class ColdStart:
     """Priors and exploration draws for a request's candidates. Thread-safe (the rates
     are per thread, as the video tables are)."""
 
-    def __init__(self, settings: RerankSettings, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: RerankSettings,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``seed``: the exploration draws' (None: fresh each process); ``clock``: seconds
+        that time the rates' re-estimation (a replay gives its event time, so that a
+        fast machine and a slow one refresh them at the same moments)."""
         self.settings = settings
         self._seed = seed
+        self._clock = clock
         self._local = threading.local()
 
     def rng(self) -> np.random.Generator:
@@ -236,7 +245,7 @@ class ColdStart:
     def rates(self, table: VideoTable) -> Rates:
         """The table's rates, re-estimated every ``prior_refresh_s`` (and when it was emptied)."""
         local = self._local
-        now = time.monotonic()
+        now = self._clock()
         cached: Rates | None = getattr(local, "rates", None)
         if (
             cached is None

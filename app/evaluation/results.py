@@ -233,11 +233,12 @@ def _factorization(
     model = factorization.MatrixFactorization(
         weighted.user_ids, weighted.video_ids, weighted.labels > 0.5, cfg.mf, cfg.seed
     )
-    ranks = [
-        rank_in(q.video, q.candidates, model.scores(q.user, q.candidates, q.before))
-        if q.candidates else rank_of(q.video, model.top(q.user, k, q.before, q.seen))
-        for q in queries
-    ]
+    with model.prefitted([q.before for q in queries]):  # the refits, in worker processes
+        ranks = [
+            rank_in(q.video, q.candidates, model.scores(q.user, q.candidates, q.before))
+            if q.candidates else rank_of(q.video, model.top(q.user, k, q.before, q.seen))
+            for q in queries
+        ]
     log.info("matrix factorisation: %d fits for %d questions", model.fits, len(queries))
     return ranks
 
@@ -265,13 +266,15 @@ def assemble(
     timing: Timing,
     settings: Settings,
     heads: dict[str, float] | None = None,
+    mf_ranks: list[int] | None = None,
 ) -> EvalResult:
-    """The result of a run (see the module doc); ``settings`` are the online run's."""
+    """The result of a run (see the module doc); ``settings`` are the online run's;
+    ``mf_ranks``: the matrix-factorisation baseline's, when worked out during the replay."""
     index = {eid: i for i, eid in enumerate(weighted.event_ids)}
     test_idx = np.array([index[e] for e in split.test], dtype=np.int64)
     # The trainer's join window: samples of one (user, video) within it are one moment.
     rows = _Rows.of(weighted, test_idx, cfg.windows, settings.trainer.join_window_ms)
-    models, skipped = _model_rows(cfg, rows, weighted, queries)
+    models, skipped = _model_rows(cfg, rows, weighted, queries, mf_ranks)
     offline, offline_seconds = offline_wait()
     models.insert(len(models) - (1 if queries else 0), _offline_row(cfg, rows, weighted, offline))
     fit_users = {weighted.user_ids[index[e]] for e in (*split.train, *split.valid)}
@@ -323,6 +326,7 @@ def _model_rows(
     rows: _Rows,
     weighted: ScoredSamples,
     queries: list[Query],
+    mf_ranks: list[int] | None = None,
 ) -> tuple[list[ModelFigures], list[str]]:
     """Every model's figures but the offline one's, in the report's order, and the rows
     skipped (and why)."""
@@ -343,8 +347,9 @@ def _model_rows(
                                    k))
     skipped = []
     if queries and factorization.available():
-        models.append(rows.figures(MF_ROW, nothing, _factorization(cfg, weighted, queries, k),
-                                   k))
+        mf: list[int | None] = (
+            list(mf_ranks) if mf_ranks is not None else _factorization(cfg, weighted, queries, k))
+        models.append(rows.figures(MF_ROW, nothing, mf, k))
     elif queries:
         log.warning("%s", factorization.MISSING)
         skipped.append(factorization.MISSING)

@@ -75,7 +75,9 @@ from typing import Any, Literal, runtime_checkable
 
 import numpy as np
 
-from app.evaluation.factorization import AlsParams
+from app.cold_start import ColdStart
+from app.evaluation import factorization
+from app.evaluation.factorization import AlsParams, RanksAhead
 from app.evaluation.feed import (
     HeldOut,
     Sampler,
@@ -333,9 +335,14 @@ class _Online:
     """The first pass (see the module doc): trainer, signal feed and service."""
 
     def __init__(
-        self, cfg: EvalConfig, stream: Stream, resources: Resources, replay: ReplayFactory
+        self, cfg: EvalConfig, stream: Stream, resources: Resources, replay: ReplayFactory,
+        baselines: bool = False,
     ) -> None:
+        """``baselines``: work out the matrix-factorisation baseline's ranks beside the
+        replay where :func:`_parallel` says so (``evaluate``; a replay alone, such as
+        ``bench/screen_loo.py``, has no use for them)."""
         self.cfg = cfg
+        self.baselines = baselines
         self.replay_factory = replay
         self.events = stream.events
         self.users = stream.users
@@ -347,6 +354,10 @@ class _Online:
         self.fallbacks: dict[str, int] = {}
         self.heads: dict[str, float] = {}
         """The other heads' prequential figures at the end of the replay."""
+        self.mf_ahead: RanksAhead | None = None
+        self.mf_ranks: list[int] | None = None
+        """The matrix-factorisation baseline's ranks, worked out beside the replay (loo on a
+        long replay: :func:`_parallel`); None: computed after it."""
         self.progress = Progress(len(stream.events), "replay", "events", enabled=cfg.progress)
 
     def run(self, queries: list[Query]) -> ScoredSamples:
@@ -354,10 +365,19 @@ class _Online:
         with open_service(resources) as service:
             self.now_s = 0.0
             service.recommender.clock = lambda: self.now_s
+            if service.recommender.rerank is not None:
+                # Exploration draws seeded, cold-start rates refreshed on event time: the
+                # answers do not depend on the machine's speed or on the run.
+                service.recommender.rerank.cold_start = ColdStart(
+                    resources.settings.rerank, seed=self.cfg.seed, clock=lambda: self.now_s
+                )
             replay = self.replay_factory(resources)
             feed = SignalFeed(resources, service.signals, service.feedback, snapshots=False)
             consumer = resources.event_log.consumer(feed_group(resources))
             try:
+                if (self.baselines and queries and queries[0].candidates
+                        and factorization.available() and _parallel(self.cfg, len(self.events))):
+                    self.mf_ahead = RanksAhead(self.cfg.mf, self.cfg.seed)
                 for query in queries:
                     self._advance(query.position, replay, feed, consumer)
                     if self.since_export >= self.cfg.export_every:
@@ -368,10 +388,14 @@ class _Online:
                 self._advance(len(self.events), replay, feed, consumer)
                 self._finish(replay)
                 self.heads = replay.heads()
+                if self.mf_ahead is not None:
+                    self.mf_ranks = self.mf_ahead.ranks()
             finally:
                 consumer.close()
                 replay.close()
                 self.progress.close()
+                if self.mf_ahead is not None:
+                    self.mf_ahead.close()
         return ScoredSamples.concat(self.parts)
 
     def _advance(self, target: int, replay: ReplayHandle, feed: SignalFeed, consumer: Any) -> None:
@@ -381,8 +405,7 @@ class _Online:
             while feed.step(consumer) == POLL_RECORDS:
                 pass
             scored = replay.drain()
-            self.parts.append(scored)
-            self.weighted += int((scored.weights > 0).sum())
+            self._trained(scored)
             self.since_export += end - self.position
             self.progress.update(end - self.position)
             self.position = end
@@ -393,9 +416,14 @@ class _Online:
         if not self.events:
             return
         window_ms = self.resources.settings.trainer.join_window_ms
-        scored = replay.drain(now_ms=self.events[-1].ts + window_ms + 1)
+        self._trained(replay.drain(now_ms=self.events[-1].ts + window_ms + 1))
+
+    def _trained(self, scored: ScoredSamples) -> None:
         self.parts.append(scored)
-        self.weighted += int((scored.weights > 0).sum())
+        weighted = scored.weights > 0
+        self.weighted += int(weighted.sum())
+        if self.mf_ahead is not None:  # the baseline's pairs: positive weighted samples
+            self.mf_ahead.add(scored.user_ids, scored.video_ids, weighted & (scored.labels > 0.5))
 
     def _ask(self, service: Any, query: Query) -> None:
         self.now_s = query.ts / 1000.0
@@ -433,6 +461,8 @@ class _Online:
             query.ranker_rank = rank_in(query.video, pool, np.asarray(probability))
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
         query.before = self.weighted
+        if self.mf_ahead is not None:
+            self.mf_ahead.ask(query.before, query.user, query.video, query.candidates)
         query.fallback = response.fallback_reason
         if query.fallback:
             self.fallbacks[query.fallback] = self.fallbacks.get(query.fallback, 0) + 1
@@ -543,7 +573,7 @@ def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
                 _check_scratch(resources)
             if stream.videos:
                 resources.catalog.upsert(stream.videos)
-            online = _Online(cfg, stream, resources, trainers.replay)
+            online = _Online(cfg, stream, resources, trainers.replay, baselines=True)
             t0 = time.perf_counter()
             samples = online.run(queries)
             online_seconds = time.perf_counter() - t0
@@ -554,7 +584,8 @@ def evaluate(cfg: EvalConfig, trainers: EvalTrainers) -> EvalResult:
         with _offline_beside(cfg, stream, split, root, trainers.offline) as offline:
             # The baselines are computed here meanwhile; ``offline`` waits for the model.
             return assemble(cfg, stream, weighted, split, offline, queries, online.fallbacks,
-                            Timing(started, online_seconds), settings, online.heads)
+                            Timing(started, online_seconds), settings, online.heads,
+                            online.mf_ranks)
 
 
 PARALLEL_FROM_EVENTS = 100_000
@@ -570,15 +601,19 @@ def _offline_beside(
     """The offline model as a call that returns it and its seconds of training: trained in
     a spawned process (which reads and plans the dataset again, the same events, checked)
     when the replay was long enough (``cfg.parallel``), else here when called."""
-    parallel = cfg.parallel if cfg.parallel is not None else (
-        len(stream.events) >= PARALLEL_FROM_EVENTS)
-    if not parallel:
+    if not _parallel(cfg, len(stream.events)):
         yield lambda: _timed_offline(cfg, stream, split, root, train)
         return
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(1, mp_context=context) as pool:
         job = pool.submit(_offline_job, cfg, train, split, _digest(stream.events))
         yield job.result
+
+
+def _parallel(cfg: EvalConfig, events: int) -> bool:
+    """Whether the run uses a second process (``cfg.parallel``, by default from
+    :data:`PARALLEL_FROM_EVENTS` events replayed)."""
+    return cfg.parallel if cfg.parallel is not None else events >= PARALLEL_FROM_EVENTS
 
 
 def _digest(events: Sequence[Event]) -> str:

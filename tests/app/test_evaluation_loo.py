@@ -181,7 +181,8 @@ def test_the_offline_model_in_a_second_process_gives_the_same_figures(
     tmp_path: Path, loo: EvalResult, positive_log: tuple[Path, Path]
 ) -> None:
     """``parallel``: the second process reads and plans the dataset again; the replay, the
-    split and the offline model's seeded training are the same, so is every figure."""
+    split and the offline model's seeded training are the same, so is every figure (the
+    matrix-factorisation row too, its ranks worked out beside the replay by a worker)."""
     events, catalog = positive_log
     got = evaluate(_config(events, catalog=catalog, protocol="loo", negatives=1,
                            parallel=True), eval_trainers())

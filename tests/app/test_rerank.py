@@ -391,3 +391,19 @@ def test_the_order_follows_the_ranking_bonus_after_an_exclusion() -> None:
     assert order is not None and [ids[i] for i in order] == ["liked", "other"]
     _, order = rr.rerank("u1", NOW, (), None, ids, table, rows, scores, 3)
     assert order is not None and [ids[i] for i in order] == ["other", "liked"]
+
+
+def test_rates_are_re_estimated_on_the_clock_given() -> None:
+    """A replay's cold start refreshes its rates on event time (``vidrec eval``): what a
+    question reads does not depend on how fast the machine replays."""
+    young = [make_video(category="music") for _ in range(5)]
+    table, rows = table_of(young, [VideoStats(impressions=10, plays=4) for _ in young])
+    s = RerankSettings(new_video_impressions=20, prior_refresh_s=10.0)
+    now = [0.0]
+    cold = ColdStart(s, seed=0, clock=lambda: now[0])
+    first = cold.rates(table)
+    table.set_stats(rows, [VideoStats(impressions=10, plays=9) for _ in young])
+    now[0] = 9.9
+    assert cold.rates(table) is first  # within prior_refresh_s of the clock: kept
+    now[0] = 10.0
+    assert cold.rates(table).overall > first.overall  # re-estimated at the clock's 10 s
