@@ -378,7 +378,11 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
     assert group["dense_sync"] == dense_sync and group["dense_syncs"] > 0
     # What the killed one pushed after its last commit came back to the survivor, skipped.
     assert group["skipped_as_trained_by_peer"] >= pushed_uncommitted > 0
-    assert metrics["auc"] > 0.68, metrics
+    # Learnt beyond popularity. Not an absolute bound: the survivor's prequential AUC over
+    # this short stream depends on when the kill lands (0.633-0.727 in five runs of the
+    # gloo case on 2026-11-28, each 0.08-0.16 over its popularity baseline); 0.68 failed
+    # one of them.
+    assert metrics["auc"] > 0.6, metrics
     assert metrics["auc"] > metrics["baseline_auc"] + 0.06, metrics
 
     # No corrupt row: every key the right length, weights and state paired, all finite.
