@@ -24,17 +24,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from app.evaluation import runner
-from app.evaluation.metrics import recall_ndcg
-from app.evaluation.stream import split_samples
 from app.signal_feed import SignalFeed
 from app.wiring import eval_trainers
-from feature_store.models.quality import roc_auc
+from bench.screen_loo import replay_figures
 from feature_store.runtime.resources import open_resources
-
-K = 10
 
 
 class Phases:
@@ -100,18 +94,10 @@ def main() -> None:
             replay_cpu = time.thread_time() - t0
     timed = sum(v for k, v in phases.cpu.items() if k != "prepare")
     phases.cpu["replay, other"] = replay_cpu - timed
-    weighted = samples.take(np.flatnonzero(samples.weights > 0).tolist())
-    test = split_samples(weighted).test_rows
-    last = np.array([e in test for e in weighted.event_ids])
-    service = recall_ndcg([q.rank for q in queries], K)
-    ranker = recall_ndcg([q.ranker_rank for q in queries], K)
     print(json.dumps({
         "dataset": str(args.dataset), "settings": cfg.settings, "events": len(stream.events),
-        "questions": len(queries),
-        "service_hr": round(service[0], 4), "service_ndcg": round(service[1], 4),
-        "ranker_hr": round(ranker[0], 4), "ranker_ndcg": round(ranker[1], 4),
-        "online_auc_last20": round(roc_auc(weighted.scores[last], weighted.labels[last]), 4),
-        "weighted_samples": len(weighted.event_ids),
+        "questions": len(queries), **replay_figures(samples, queries),
+        "weighted_samples": int((samples.weights > 0).sum()),
         "phases_cpu_s": {k: round(v, 2) for k, v in phases.cpu.items()},
         "calls": dict(phases.calls),
         "cpu_s": round(time.process_time() - cpu0, 1),

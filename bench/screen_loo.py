@@ -89,6 +89,22 @@ def fusion_grid(rankings: list[dict[str, Any]], held: list[str]) -> None:
         print(f"retrieval {retrieval}:", ", ".join(row))
 
 
+def replay_figures(samples: Any, queries: list[Any]) -> dict[str, float]:
+    """The replay's figures, as ``vidrec eval``'s rows count them: the service's and the
+    ranker alone's HR@K / NDCG@K over the questions, and the online AUC on the last 20%
+    of the labelled rows."""
+    weighted = samples.take(np.flatnonzero(samples.weights > 0).tolist())
+    test = split_samples(weighted).test_rows
+    last = np.array([e in test for e in weighted.event_ids])
+    service = recall_ndcg([q.rank for q in queries], K)
+    ranker = recall_ndcg([q.ranker_rank for q in queries], K)
+    return {
+        "service_hr": round(service[0], 4), "service_ndcg": round(service[1], 4),
+        "ranker_hr": round(ranker[0], 4), "ranker_ndcg": round(ranker[1], 4),
+        "online_auc_last20": round(roc_auc(weighted.scores[last], weighted.labels[last]), 4),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dataset", type=Path)
@@ -109,16 +125,8 @@ def main() -> None:
             resources.catalog.upsert(stream.videos)
             online = runner._Online(cfg, stream, resources, eval_trainers().replay)
             samples = online.run(queries)
-    weighted = samples.take(np.flatnonzero(samples.weights > 0).tolist())
-    test = split_samples(weighted).test_rows
-    last = np.array([e in test for e in weighted.event_ids])
-    service = recall_ndcg([q.rank for q in queries], K)
-    ranker = recall_ndcg([q.ranker_rank for q in queries], K)
     print(json.dumps({
-        "settings": cfg.settings, "questions": len(queries),
-        "service_hr": round(service[0], 4), "service_ndcg": round(service[1], 4),
-        "ranker_hr": round(ranker[0], 4), "ranker_ndcg": round(ranker[1], 4),
-        "online_auc_last20": round(roc_auc(weighted.scores[last], weighted.labels[last]), 4),
+        "settings": cfg.settings, "questions": len(queries), **replay_figures(samples, queries),
         "cpu_s": round(time.process_time() - cpu), "wall_s": round(time.perf_counter() - wall),
     }))
     held = [q.video for q in queries]
