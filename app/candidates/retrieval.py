@@ -33,7 +33,6 @@ from app.candidates.sources import (
     Covisit,
     Proposal,
     build_sources,
-    propose_steps,
 )
 from feature_store.catalog.base import CatalogStore, Video
 from feature_store.settings import ApiSettings
@@ -142,7 +141,7 @@ class Retriever:
         """The pool for ``query`` (see the module docstring)."""
         asks = list(self._asks(query))
         # Every source's reads sent together: with Redis stores, one wait for them all.
-        proposed = run([propose_steps(source, query, wanted) for source, _, wanted in asks])
+        proposed = run([source.propose_steps(query, wanted) for source, _, wanted in asks])
         proposals = [
             (source.name, share, cast(Proposal, proposal))
             for (source, share, _), proposal in zip(asks, proposed, strict=True)

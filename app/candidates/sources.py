@@ -24,7 +24,7 @@ from feature_store.activity.base import HistoryEntry, watched
 from feature_store.catalog.base import CatalogStore
 from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
-from feature_store.sparse.steps import Steps, run, stepped
+from feature_store.sparse.steps import Steps, at_once, run, stepped
 
 EMBEDDING = "embedding"
 """Nearest videos to the user's two-tower vector (``app/scoring/retrieval.py``)."""
@@ -91,14 +91,11 @@ class CandidateSource(Protocol):
         """Reads the user's history or vector: not asked for a user without history."""
         ...
 
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal: ...
-
-
-def propose_steps(source: CandidateSource, query: CandidateQuery, limit: int) -> Steps[Proposal]:
-    """``source``'s proposal as steps (:mod:`feature_store.sparse.steps`): a source whose
-    stores read Redis sends its commands with the other sources' and the request waits
-    for them all once; others propose at once."""
-    return stepped(source, "propose", query, limit)
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
+        """At most ``limit`` videos, best first, as steps (:mod:`feature_store.sparse.steps`):
+        a source whose stores read Redis sends its commands with the other sources' and
+        the request waits for them all once."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -108,10 +105,11 @@ class Embedding:
     name: str = EMBEDDING
     personal: bool = True
 
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        if query.nearest is None:
-            return Proposal([])
-        return Proposal(query.nearest(limit, query.exclude))
+    def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
+        nearest = query.nearest  # an in-memory search: no read to share
+        if nearest is None:
+            return at_once(lambda: Proposal([]))
+        return at_once(lambda: Proposal(nearest(limit, query.exclude)))
 
 
 @dataclass(frozen=True)
@@ -138,10 +136,6 @@ class Covisit:
             )
         return query.covisits
 
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        (proposal,) = run([self.propose_steps(query, limit)])
-        return cast(Proposal, proposal)
-
     def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         pairs = (yield from self.read_steps(query, limit))[:limit]
         return Proposal([v for v, _ in pairs], [w for _, w in pairs])
@@ -155,10 +149,6 @@ class Creators:
     catalog: CatalogStore
     name: str = CREATORS
     personal: bool = True
-
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        (proposal,) = run([self.propose_steps(query, limit)])
-        return cast(Proposal, proposal)
 
     def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         recent = query.watched[:TASTE_HISTORY]
@@ -180,10 +170,6 @@ class Categories:
     name: str = CATEGORIES
     personal: bool = True
 
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        (proposal,) = run([self.propose_steps(query, limit)])
-        return cast(Proposal, proposal)
-
     def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         counts = Counter(e.category for e in query.watched[:TASTE_HISTORY] if e.category)
         top = [category for category, _ in counts.most_common(TOP_CATEGORIES)]
@@ -200,10 +186,6 @@ class Trending:
     name: str = TRENDING
     personal: bool = False
 
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        (proposal,) = run([self.propose_steps(query, limit)])
-        return cast(Proposal, proposal)
-
     def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         trending = yield from stepped(self.signals, "trending", limit)
         return Proposal([video for video, _ in trending])
@@ -217,10 +199,6 @@ class Fresh:
     window_s: float
     name: str = FRESH
     personal: bool = False
-
-    def propose(self, query: CandidateQuery, limit: int) -> Proposal:
-        (proposal,) = run([self.propose_steps(query, limit)])
-        return cast(Proposal, proposal)
 
     def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
         since = query.now_ms - int(self.window_s * 1000)
