@@ -362,7 +362,11 @@ class VideoTable:
         row past its counters' deadline, as steps that store what they read (None: none
         due). Run in a request's first round (its history's), so with Redis the counters
         cost no round trip of their own; :meth:`lookup` then finds them fresh. Ids
-        without a row, and rows a change log marks stale, are left to :meth:`lookup`."""
+        without a row, and rows a change log marks stale, are left to :meth:`lookup`; so is
+        everything when the source has no steps (the memory stores: an early read there
+        saves nothing, and the request would look its ids up twice)."""
+        if source.get_stats_steps is None:
+            return None
         now = source.clock()
         rows = np.fromiter(
             map(self.row_of.get, video_ids, repeat(-1, len(video_ids))), np.int64, len(video_ids)
@@ -375,7 +379,7 @@ class VideoTable:
 
     def _stats_into(self, due: Indices, source: VideoSource, now: float) -> Steps[None]:
         ids = [self.videos[row].video_id for row in due.tolist()]
-        matrix = yield from stepped(source, "get_stats", ids)
+        matrix = yield from stepped(source, "get_stats", ids)  # get_stats_steps
         self._set_stats_matrix(due, matrix)
         self.stats_until[due] = now + source.stats_ttl_s
 

@@ -18,6 +18,7 @@ from feature_store.events import EventContext
 from feature_store.features import FeatureExtractor, FeatureRow, default_schema
 from feature_store.features.dense import stats_matrix
 from feature_store.settings import FeatureSettings
+from feature_store.sparse.steps import Steps, at_once
 from tests.factories import ManualClock, make_event, make_video
 from tests.feature_checks import assert_same_features
 
@@ -130,6 +131,10 @@ class CountingStore:
     def video_stats_matrix(self, ids: Sequence[str]) -> np.ndarray:
         self.asked_stats += len(ids)
         return stats_matrix([self.stats.get(i, NO_STATS) for i in ids])
+
+    def video_stats_matrix_steps(self, ids: Sequence[str]) -> Steps[np.ndarray]:
+        """As Redis has it: the read as steps (here one step)."""
+        return at_once(lambda: self.video_stats_matrix(ids))
 
 
 def test_without_change_logs_copies_expire_after_their_ttl() -> None:
