@@ -1,7 +1,7 @@
 """Overload: one process's sustainable recommend rate, then 3x that rate, over real sockets.
 
     python bench/bench_overload.py [--seconds 60] [--factor 3] [--candidates 500]
-                                   [--server-tree DIR]
+                                   [--server-tree DIR] [--pin]
 
 1. Prepares the serving benchmark's data (``bench_serving.prepare``: 5,000
    synthetic videos, 50,000 events, an exported WideDeep model with towers)
@@ -39,6 +39,11 @@ change) on the same data. ``--event-log kafka`` has the events acknowledged
 by a Kafka-protocol broker (Tansu) on the same machine instead of the
 in-process log: posts the broker did not acknowledge within
 ``kafka.produce_timeout_ms`` (or the request's deadline) are counted apart.
+``--pin`` puts the server on the first core and the client and the prober
+on the others (``sched_setaffinity``), as if the load came from
+another machine: the server's tails are then its own, not the client's
+scheduling (the sustainable rate is measured pinned too, so the load is 3x
+what one core serves).
 Results: ``bench/results/overload.json``.
 """
 
@@ -362,8 +367,26 @@ def recovery(port: int, request: bytes, normal_ms: float, limit_s: float = 30) -
     return None
 
 
-def run(seconds: float, factor: float, candidates: int,
-        server_tree: Path | None = None, event_log: str = "memory") -> dict[str, Any]:
+def pin_apart(server_pid: int) -> dict[str, list[int]]:
+    """The server process on the first core this process may use, this process (and what
+    it starts next: the pools, the prober, the broker) on the others."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 cores")
+    split = {"server": cores[:1], "client": cores[1:]}
+    pin_threads(server_pid, split["server"])
+    os.sched_setaffinity(0, split["client"])
+    return split
+
+
+def pin_threads(pid: int, cores: list[int]) -> None:
+    """Every thread ``pid`` has now on ``cores`` (threads it starts later inherit them)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cores)
+
+
+def run(seconds: float, factor: float, candidates: int, server_tree: Path | None = None,
+        event_log: str = "memory", pin: bool = False) -> dict[str, Any]:
     from tests.services import TansuBroker, free_port
 
     data_dir = Path(tempfile.mkdtemp(prefix="vidrec-bench-overload-"))
@@ -383,8 +406,11 @@ def run(seconds: float, factor: float, candidates: int,
                 "VIDREC_EXPERIMENTS__METRICS_FEED": "false"}
     server = Server(data_dir, free_port(), env, cwd=server_tree or ROOT)
     results: dict[str, Any] = {}
+    cores = pin_apart(server.process.pid) if pin else None
     try:
         server.wait_ready()
+        if cores:  # threads started before the first call inherited the whole machine
+            pin_threads(server.process.pid, cores["server"])
         _client((server.port, encoded, 0, 300, RECOMMENDED))  # warm
         quiet, _, _, _ = _client((server.port, encoded, 0, 500, RECOMMENDED))
         results["quiet"] = percentiles(quiet)
@@ -408,6 +434,7 @@ def run(seconds: float, factor: float, candidates: int,
         "factor": factor,
         "candidates": candidates,
         "event_log": event_log,
+        "cores": cores,
         "deadline_ms": DEADLINE_MS,
         "server_tree": str(server_tree or ROOT),
         "load_average_before": [round(x, 2) for x in load_before],
@@ -470,7 +497,8 @@ def table(r: dict[str, Any]) -> str:
          f"{r['recovery_s']} s (the answers owed, then a recommend within "
          f"{r['recovery_normal_ms']:.0f} ms)"),
     ]
-    flag = " --event-log kafka" if m["event_log"] == "kafka" else ""
+    flag = (" --event-log kafka" if m["event_log"] == "kafka" else "") + (
+        " --pin" if m.get("cores") else "")
     head = (f"`python bench/bench_overload.py --seconds {o['seconds']:g} --factor {m['factor']:g}"
             f"{flag}` "
             f"({m['date_utc']} UTC; {m['machine']}; load average {m['load_average_before']} "
@@ -487,6 +515,8 @@ def main() -> int:
                         help="run the server from another checkout (the code before a change)")
     parser.add_argument("--event-log", choices=["memory", "kafka"], default="memory",
                         help="kafka: events acknowledged by a Kafka-protocol broker (Tansu)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the server on the first core, the client and prober on the others")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overload.json"))
     parser.add_argument("--table", type=Path, default=None,
                         help="print the table of an earlier results file, and exit")
@@ -494,7 +524,8 @@ def main() -> int:
     if args.table is not None:
         print(table(json.loads(args.table.read_text())))
         return 0
-    results = run(args.seconds, args.factor, args.candidates, args.server_tree, args.event_log)
+    results = run(args.seconds, args.factor, args.candidates, args.server_tree, args.event_log,
+                  args.pin)
     print(json.dumps(results, indent=2))
     print(table(results))
     out = Path(args.out)
