@@ -38,7 +38,7 @@ from feature_store.events import EventContext
 from feature_store.features.batch import BatchFeatures, Indices
 from feature_store.features.values import ValueLayout, split_from_batch
 from feature_store.runtime.worker import Worker
-from feature_store.served import ServedArm, ServedItem, ServedRecord
+from feature_store.served import ServedArm, ServedItems, ServedRecord
 from feature_store.settings import ServedLogSettings
 from feature_store.signals.feedback.base import ServedBatch, UserFeedback
 
@@ -161,10 +161,9 @@ class ServedLogWriter:
         rows = served.order[: self.max_items]
         request, values = split_from_batch(self.layout, served.features, rows)
         at, ids, sources = rows.tolist(), served.video_ids, served.sources
-        items = tuple(map(  # position k: the k-th item of the response
-            ServedItem, [ids[r] for r in at], range(len(at)), served.scores[rows].tolist(),
-            [sources[r] for r in at],
-        ))
+        items = ServedItems(  # position k: the k-th item of the response
+            [ids[r] for r in at], np.arange(len(at)), served.scores[rows], [sources[r] for r in at]
+        )
         return ServedRecord(
             recommendation_id=served.recommendation_id,
             user_id=served.user_id,

@@ -45,12 +45,13 @@ from __future__ import annotations
 from feature_store.errors import InvalidInput
 from feature_store.served.binary import VERSION, decode_binary, encode_binary
 from feature_store.served.json_v2 import decode_served_json
-from feature_store.served.record import ServedArm, ServedItem, ServedRecord
+from feature_store.served.record import ServedArm, ServedItem, ServedItems, ServedRecord
 
 __all__ = [
     "FORMAT_VERSION",
     "ServedArm",
     "ServedItem",
+    "ServedItems",
     "ServedRecord",
     "decode_served",
     "encode_served",

@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from feature_store.errors import InvalidInput
 from feature_store.events import EventContext, check_id
-from feature_store.served.record import HARD_MAX_ITEMS, ServedArm, ServedItem, ServedRecord
+from feature_store.served.record import HARD_MAX_ITEMS, ServedArm, ServedItems, ServedRecord
 
 VERSION = 3
 """The first byte of every binary record."""
@@ -74,18 +74,17 @@ def encode_binary(record: ServedRecord) -> bytes:
     if record.arm is not None:
         strings += record.arm
     strings.append(record.context.model_dump_json(exclude_none=True))
-    for name, words in (("video ids", [i.video_id for i in items]),
-                        ("sources", [i.source for i in items])):
+    for name, words in (("video ids", items.video_ids), ("sources", items.sources)):
         joined = " ".join(words)
         if joined.count(" ") != max(0, k - 1) or not all(words):
             raise ValueError(f"{name} must be non-empty and hold no space: {words!r}")
         strings.append(joined)
     parts = [
         _HEADER.pack(VERSION, flags, k, len(request), width, record.ts_ms),
-        np.fromiter((i.score for i in items), "<f8", k).tobytes(),
+        items.scores.astype("<f8").tobytes(),
         request.tobytes(),
         values.tobytes(),
-        np.fromiter((i.position for i in items), "<u4", k).tobytes(),
+        items.positions.astype("<u4").tobytes(),
     ]
     for text in strings:
         raw = text.encode()
@@ -172,7 +171,7 @@ def decode_binary(value: bytes, max_id_length: int) -> ServedRecord:
         model_version=model_version,
         schema_hash=schema_hash,
         context=context,
-        items=tuple(map(ServedItem, videos, positions.tolist(), scores.tolist(), sources)),
+        items=ServedItems(videos, positions, scores, sources),
         request_values=request,
         item_values=values,
         arm=arm,

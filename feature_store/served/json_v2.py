@@ -26,7 +26,13 @@ from pydantic import ValidationError
 
 from feature_store.errors import InvalidInput
 from feature_store.events import EventContext, check_id
-from feature_store.served.record import HARD_MAX_ITEMS, ServedArm, ServedItem, ServedRecord
+from feature_store.served.record import (
+    HARD_MAX_ITEMS,
+    ServedArm,
+    ServedItem,
+    ServedItems,
+    ServedRecord,
+)
 
 _VERSIONS = (1, 2)
 
@@ -50,7 +56,7 @@ def _int(data: dict[str, Any], field: str, low: int, high: int) -> int:
     return value
 
 
-def _items(data: dict[str, Any], max_id_length: int) -> tuple[ServedItem, ...]:
+def _items(data: dict[str, Any], max_id_length: int) -> ServedItems:
     lists = [data.get(name) for name in ("videos", "positions", "scores", "sources")]
     if not all(isinstance(x, list) for x in lists):
         raise InvalidInput("videos", "videos, positions, scores and sources must be lists")
@@ -68,7 +74,7 @@ def _items(data: dict[str, Any], max_id_length: int) -> tuple[ServedItem, ...]:
         if not isinstance(position, int) or not isinstance(score, int | float):
             raise InvalidInput(f"positions.{i}", "positions are integers, scores numbers")
         items.append(ServedItem(video_id, position, float(score), source))
-    return tuple(items)
+    return ServedItems.of(items)
 
 
 def _strings(data: dict[str, Any], max_id_length: int) -> dict[str, str | None]:
