@@ -406,6 +406,7 @@ def run(seconds: float, factor: float, candidates: int, server_tree: Path | None
                 "VIDREC_EXPERIMENTS__METRICS_FEED": "false"}
     server = Server(data_dir, free_port(), env, cwd=server_tree or ROOT)
     results: dict[str, Any] = {}
+    own_cores = os.sched_getaffinity(0)
     cores = pin_apart(server.process.pid) if pin else None
     try:
         server.wait_ready()
@@ -429,6 +430,7 @@ def run(seconds: float, factor: float, candidates: int, server_tree: Path | None
         server.stop()
         if broker is not None:
             broker.kill()
+        os.sched_setaffinity(0, own_cores)  # `vidrec bench all` goes on in this process
     results["meta"] = {
         "machine": machine(),
         "factor": factor,
