@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gc
 import json
 from typing import Any
 
@@ -101,6 +102,18 @@ def test_round_trip_keeps_everything(original: ServedRecord) -> None:
     assert value[0] == FORMAT_VERSION == 3  # binary: the first byte tells the format
     assert_same(decode_served(value, 128), original)
     assert original.position_of("v0") in (0, None) and original.position_of("nope") is None
+
+
+def test_a_records_items_are_columns_the_collector_does_not_walk() -> None:
+    """The in-process log keeps its newest records as objects: one response is a handful of
+    objects for the collector, not one per item (full collections stalled the server)."""
+    decoded = decode_served(encode_served(record(20)), 128)
+    gc.collect()
+    items = decoded.items
+    assert not any(gc.is_tracked(column) for column in (
+        items.video_ids, items.sources, items.positions, items.scores))
+    assert items[3] == ServedItem("v3", 3, 1.0 - 3 / 10, "covisit")
+    assert list(items[18:]) == [items[18], items[19]] and len(items) == 20
 
 
 def test_the_binary_record_is_smaller_than_the_json_one() -> None:
