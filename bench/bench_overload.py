@@ -1,7 +1,7 @@
 """Overload: one process's sustainable recommend rate, then 3x that rate, over real sockets.
 
     python bench/bench_overload.py [--seconds 60] [--factor 3] [--candidates 500]
-                                   [--server-tree DIR] [--pin]
+                                   [--server-tree DIR] [--pin] [--collections]
 
 1. Prepares the serving benchmark's data (``bench_serving.prepare``: 5,000
    synthetic videos, 50,000 events, an exported WideDeep model with towers)
@@ -44,6 +44,11 @@ on the others (``sched_setaffinity``), as if the load came from
 another machine: the server's tails are then its own, not the client's
 scheduling (the sustainable rate is measured pinned too, so the load is 3x
 what one core serves).
+``--collections`` has the server log each full (generation 2) garbage
+collection: when, how long, and how many objects it walked (a
+``sitecustomize`` the bench writes and puts on the server's ``PYTHONPATH``;
+nothing in the product): a full collection holds the GIL for its whole
+length, so it shows as a burst of late answers.
 Results: ``bench/results/overload.json``.
 """
 
@@ -106,6 +111,51 @@ def percentiles(ms: list[float]) -> dict[str, float | int]:
         "p99_ms": round(float(np.percentile(arr, 99)), 2),
         "max_ms": round(float(arr.max()), 2),
     }
+
+
+# --- the server's full collections (--collections) ---------------------------------------
+
+COLLECTIONS_PROBE = '''"""From bench/bench_overload.py --collections: log each full collection."""
+import gc
+import os
+import time
+
+_path = os.environ.get("VIDREC_BENCH_GC_LOG")  # the bench's server only, not its pools
+if _path:
+    _log = open(_path, "a", buffering=1)
+    _began = [0.0]
+
+    def _collection(phase, info):
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            _began[0] = time.monotonic()
+            return
+        ended = time.monotonic()
+        walked = len(gc.get_objects(2)) + len(gc.get_objects(1)) + len(gc.get_objects(0))
+        _log.write(f"{os.getpid()} {ended:.6f} {(ended - _began[0]) * 1000:.2f} {walked}\\n")
+
+    gc.callbacks.append(_collection)
+'''
+
+
+def probe_collections(env: dict[str, str]) -> Path:
+    """Put :data:`COLLECTIONS_PROBE` on the server's path (``env``); its log file."""
+    directory = Path(tempfile.mkdtemp(prefix="vidrec-bench-gc-"))
+    (directory / "sitecustomize.py").write_text(COLLECTIONS_PROBE)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(directory), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["VIDREC_BENCH_GC_LOG"] = str(directory / "collections.log")
+    return directory / "collections.log"
+
+
+def collections_during(log: Path, window: tuple[float, float]) -> dict[str, Any]:
+    """The server's full collections whose end fell in ``window`` (``time.monotonic()``)."""
+    rows = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    inside = [(float(ms), int(walked)) for _, ended, ms, walked in rows
+              if window[0] <= float(ended) <= window[1]]
+    return {"count": len(inside), "ms": [round(ms, 1) for ms, _ in inside],
+            "tracked_after": [walked for _, walked in inside]}
 
 
 # --- the open-loop generator -------------------------------------------------------------
@@ -312,14 +362,15 @@ def overload(port: int, rate: float, seconds: float, recommends: list[bytes]) ->
     probes = ctx.Queue()
     prober = ctx.Process(target=_probe_liveness, args=(port, time.time() + seconds + 1, probes))
     prober.start()
-    started = time.perf_counter()
+    started, window_start = time.perf_counter(), time.monotonic()
     lags: list[float] = []
     results = open_loop(port, schedule, lags)
     load_s = time.perf_counter() - started
     liveness = probes.get(timeout=seconds + 60)
     prober.join()
     out: dict[str, Any] = {"offered_recommends_per_s": round(rate, 1), "seconds": seconds,
-                           "wall_s": round(load_s, 1)}
+                           "wall_s": round(load_s, 1),
+                           "window_monotonic": [window_start, window_start + load_s]}
     for kind in ("recommend", "events"):
         mine = [r for r in results if r[0] == kind]
         classes: dict[str, list[float]] = {}
@@ -386,7 +437,8 @@ def pin_threads(pid: int, cores: list[int]) -> None:
 
 
 def run(seconds: float, factor: float, candidates: int, server_tree: Path | None = None,
-        event_log: str = "memory", pin: bool = False) -> dict[str, Any]:
+        event_log: str = "memory", pin: bool = False, collections: bool = False
+        ) -> dict[str, Any]:
     from tests.services import TansuBroker, free_port
 
     data_dir = Path(tempfile.mkdtemp(prefix="vidrec-bench-overload-"))
@@ -404,6 +456,7 @@ def run(seconds: float, factor: float, candidates: int, server_tree: Path | None
         env |= {"VIDREC_EVENT_LOG__BACKEND": "kafka",
                 "VIDREC_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
                 "VIDREC_EXPERIMENTS__METRICS_FEED": "false"}
+    gc_log = probe_collections(env) if collections else None
     server = Server(data_dir, free_port(), env, cwd=server_tree or ROOT)
     results: dict[str, Any] = {}
     own_cores = os.sched_getaffinity(0)
@@ -431,6 +484,9 @@ def run(seconds: float, factor: float, candidates: int, server_tree: Path | None
         if broker is not None:
             broker.kill()
         os.sched_setaffinity(0, own_cores)  # `vidrec bench all` goes on in this process
+    if gc_log is not None and "overload" in results:
+        window = results["overload"]["window_monotonic"]
+        results["overload"]["collections"] = collections_during(gc_log, (window[0], window[1]))
     results["meta"] = {
         "machine": machine(),
         "factor": factor,
@@ -494,13 +550,16 @@ def table(r: dict[str, Any]) -> str:
          f"{o.get('client_began_late', '-')} of {o['recommend']['sent'] + o['events']['sent']};"
          f" lag p99 {o.get('client_loop_lag', {}).get('p99_ms')}, max "
          f"{o.get('client_loop_lag', {}).get('max_ms')} ms"),
+        *([("the server's full collections during the load: count; ms each; tracked objects "
+            "after each", f"{o['collections']['count']}; {o['collections']['ms']}; "
+            f"{o['collections']['tracked_after']}")] if "collections" in o else []),
         ("last answer after the schedule ended", f"{o['wall_s'] - o['seconds']:.1f} s"),
         ("back to normal after the load stopped",
          f"{r['recovery_s']} s (the answers owed, then a recommend within "
          f"{r['recovery_normal_ms']:.0f} ms)"),
     ]
     flag = (" --event-log kafka" if m["event_log"] == "kafka" else "") + (
-        " --pin" if m.get("cores") else "")
+        " --pin" if m.get("cores") else "") + (" --collections" if "collections" in o else "")
     head = (f"`python bench/bench_overload.py --seconds {o['seconds']:g} --factor {m['factor']:g}"
             f"{flag}` "
             f"({m['date_utc']} UTC; {m['machine']}; load average {m['load_average_before']} "
@@ -519,6 +578,8 @@ def main() -> int:
                         help="kafka: events acknowledged by a Kafka-protocol broker (Tansu)")
     parser.add_argument("--pin", action="store_true",
                         help="the server on the first core, the client and prober on the others")
+    parser.add_argument("--collections", action="store_true",
+                        help="the server logs its full garbage collections (when, how long)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "overload.json"))
     parser.add_argument("--table", type=Path, default=None,
                         help="print the table of an earlier results file, and exit")
@@ -527,7 +588,7 @@ def main() -> int:
         print(table(json.loads(args.table.read_text())))
         return 0
     results = run(args.seconds, args.factor, args.candidates, args.server_tree, args.event_log,
-                  args.pin)
+                  args.pin, args.collections)
     print(json.dumps(results, indent=2))
     print(table(results))
     out = Path(args.out)
