@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import redis
 
-from app.cache import RowCache, TtlCache
+from app.cache import BIG_LOOKUP, RowCache, TtlCache
 from app.main import create_app
 from feature_store.settings import Settings
 from feature_store.sparse import TableSpec, open_table
@@ -54,6 +55,52 @@ def test_row_cache_matches_the_table_and_sees_updates_after_ttl(redis_url: str) 
     np.testing.assert_array_equal(cache.pull(keys[:10]), table.pull(keys[:10], train=False))
     table.close()
     client.close()
+
+
+class CountingTable:
+    """A table that counts the keys it was asked for (what the cache missed)."""
+
+    def __init__(self, table: Any) -> None:
+        self.table, self.spec, self.asked = table, table.spec, 0
+
+    def pull(self, keys: np.ndarray, train: bool = False) -> np.ndarray:
+        self.asked += len(keys)
+        return self.table.pull(keys, train=train)  # type: ignore[no-any-return]
+
+
+def test_row_cache_big_and_small_lookups_read_the_same_rows() -> None:
+    """A table's rows are held by a dict until its first big lookup (BIG_LOOKUP keys or
+    more), then by a KeyIndex built from it: every store, expiry, re-read and emptying
+    reads back the table's rows, on both sides of the switch."""
+    table = open_table(TableSpec("title", 4, "adagrad"), Settings())
+    rng = np.random.default_rng(3)
+    keys = rng.integers(1, 2**63, 3000, dtype=np.uint64)
+    table.pull(keys, train=True)
+    clock = ManualClock()
+    counting = CountingTable(table)
+    cache = RowCache(counting, ttl_s=0.2, capacity=1024, clock=clock)  # type: ignore[arg-type]
+    small, big = keys[:100], keys[50:50 + BIG_LOOKUP + 100]
+    np.testing.assert_array_equal(cache.pull(small), table.pull(small))  # dict only
+    np.testing.assert_array_equal(cache.pull(big), table.pull(big))  # builds the index
+    assert counting.asked == 100 + len(big) - 50
+    again = np.concatenate([big[::-1], big[:7]])  # repeated keys, any order: all hits
+    np.testing.assert_array_equal(cache.pull(again), table.pull(again))
+    np.testing.assert_array_equal(cache.pull(small[::-1]), table.pull(small[::-1]))
+    assert counting.asked == 100 + len(big) - 50
+    table.push(big[:10], np.ones((10, 4), dtype=np.float32))
+    clock.advance(0.21)  # everything expired: read again, into new slots
+    np.testing.assert_array_equal(cache.pull(big), table.pull(big))
+    np.testing.assert_array_equal(cache.pull(small), table.pull(small))
+    asked = counting.asked
+    np.testing.assert_array_equal(cache.pull(big[::-1]), table.pull(big[::-1]))  # new slots hit
+    assert counting.asked == asked
+    fresh = keys[-BIG_LOOKUP:]  # 812 rows held, 256 more: the cache is emptied first
+    np.testing.assert_array_equal(cache.pull(fresh), table.pull(fresh))
+    asked = counting.asked
+    np.testing.assert_array_equal(cache.pull(fresh[::-1]), table.pull(fresh[::-1]))
+    assert counting.asked == asked
+    np.testing.assert_array_equal(cache.pull(small), table.pull(small))
+    assert counting.asked == asked + len(small)  # gone with the rest
 
 
 @pytest.mark.redis

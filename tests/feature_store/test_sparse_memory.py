@@ -6,7 +6,7 @@ import numpy as np
 
 from feature_store.settings import SparseSettings
 from feature_store.sparse import MemorySparseTable, TableSpec
-from feature_store.sparse.memory import KeyIndex
+from feature_store.sparse.key_index import KeyIndex
 
 
 def test_key_index_agrees_with_a_dict_through_inserts_removals_and_rehashes() -> None:
