@@ -9,7 +9,9 @@ thread CPU time (ms), and from Redis's ``INFO stats`` the commands and the
 reads it processed (a read is one connection's input handled once: about
 one round trip of one connection), and, in a separate pass of 50 requests,
 the round trips the request waited for one after the other (:class:`RoundTrips`:
-several connections' commands sent before the first reply is read count once).
+several connections' commands sent before the first reply is read count once),
+and in another, the thread CPU of the hot-row caches' lookups and stores
+(:class:`CacheTimes`; ``app.cache.RowCache``) and the keys they were asked for.
 Wall minus CPU is the time the request
 waited, mostly for Redis and, on a loaded machine, for a core after each
 reply (docs/benchmarks.md, "Serving speed (issue #24)"). Run it from the
@@ -80,6 +82,43 @@ class RoundTrips:
             socket.socket.recv = recv  # type: ignore[method-assign]
 
 
+class CacheTimes:
+    """Thread CPU spent in ``RowCache.lookup`` and ``RowCache.store``, and the keys looked
+    up (patches the class while :meth:`counting`: a separate pass, like the round trips)."""
+
+    def __init__(self) -> None:
+        self.lookup_s = self.store_s = 0.0
+        self.keys = self.lookups = 0
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        from app.cache import RowCache
+
+        lookup, store = RowCache.lookup, RowCache.store
+
+        def timed_lookup(cache: RowCache, keys: Any) -> Any:
+            began = time.thread_time()
+            try:
+                return lookup(cache, keys)
+            finally:
+                self.lookup_s += time.thread_time() - began
+                self.keys += len(keys)
+                self.lookups += 1
+
+        def timed_store(cache: RowCache, keys: Any, rows: Any) -> None:
+            began = time.thread_time()
+            try:
+                store(cache, keys, rows)
+            finally:
+                self.store_s += time.thread_time() - began
+
+        RowCache.lookup, RowCache.store = timed_lookup, timed_store  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            RowCache.lookup, RowCache.store = lookup, store  # type: ignore[method-assign]
+
+
 TRACED = 50
 """Requests of the separate pass that counts round trips."""
 
@@ -124,8 +163,16 @@ def main() -> int:
                 with trips.counting():
                     for i in range(TRACED):
                         recommender.recommend(requests[i % len(requests)])
+                cache = CacheTimes()
+                with cache.counting():
+                    for i in range(TRACED):
+                        recommender.recommend(requests[i % len(requests)])
                 out[name] = {
                     "round_trips": round(trips.count / TRACED, 1),
+                    "row_cache_lookup_ms": round(cache.lookup_s * 1000 / TRACED, 3),
+                    "row_cache_store_ms": round(cache.store_s * 1000 / TRACED, 3),
+                    "row_cache_keys": round(cache.keys / TRACED),
+                    "row_cache_lookups": round(cache.lookups / TRACED, 1),
                     "wall_ms": round(wall * 1000 / n, 2),
                     "cpu_ms": round(cpu * 1000 / n, 2),
                     "commands": round(
