@@ -65,6 +65,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self._stages: dict[str, Histogram] = {}
+        """:attr:`stage_seconds`'s child per stage (:meth:`observe_stage`)."""
         self.candidates = Histogram(
             "vidrec_recommend_candidates",
             "Candidates scored per request",
@@ -131,7 +133,12 @@ class Metrics:
         )
 
     def observe_stage(self, stage: str, seconds: float) -> None:
-        self.stage_seconds.labels(stage).observe(seconds)
+        # Each stage's child kept: ``labels()`` validates and looks it up under a lock,
+        # six times a request. The series are never removed, so the child stays current.
+        child = self._stages.get(stage)
+        if child is None:
+            child = self._stages[stage] = self.stage_seconds.labels(stage)
+        child.observe(seconds)
 
     def set_model(self, version: str, provider: str, warmup_seconds: float) -> None:
         self.model_info.clear()

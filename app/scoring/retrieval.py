@@ -145,7 +145,7 @@ def user_inputs(
 ) -> npt.NDArray[np.float32]:
     """The user tower's input for ``rows``, ``(len(rows), width)``: each user column's tower
     rows pulled and pooled (what a request feeds the tower; ``vidrec export-vectors`` too)."""
-    batch = extractor.extract(list(rows))
+    batch = extractor.extract(list(rows), wide=False)  # the towers read no wide part
     read = pull.many({tower_table(table): keys for table, keys in batch.table_keys.items()})
     pulled = {table: read[tower_table(table)] for table in batch.table_keys}
     return pool(towers.user, batch, pulled)

@@ -71,6 +71,7 @@ class FeatureExtractor:
         dense = dense_matrix(schema.dense, inputs)
         return FeatureValues.pack(self.layout, categorical, multi, dense)
 
-    def extract(self, rows: list[FeatureRow]) -> BatchFeatures:
-        """The model's inputs for ``rows``."""
-        return self.values(rows).to_batch()
+    def extract(self, rows: list[FeatureRow], wide: bool = True) -> BatchFeatures:
+        """The model's inputs for ``rows`` (``wide`` False: without the wide part, see
+        :meth:`FeatureValues.to_batch`)."""
+        return self.values(rows).to_batch(wide)

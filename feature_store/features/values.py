@@ -219,8 +219,10 @@ class FeatureValues:
 
     # --- to the model's inputs --------------------------------------------
 
-    def to_batch(self) -> BatchFeatures:
-        """Keys deduplicated per table, index tensors and dense values for the model."""
+    def to_batch(self, wide: bool = True) -> BatchFeatures:
+        """Keys deduplicated per table, index tensors and dense values for the model.
+        ``wide`` False: no wide part (no keys, ``(B, 0)`` indices), for a reader of the
+        embedding tables only (the towers' user vector, once a request)."""
         schema = self.layout.schema
         batch = len(self)
         raw: dict[str, Keys] = {}
@@ -233,7 +235,10 @@ class FeatureValues:
             raw[multi.name] = keys[np.arange(multi.max_len) < count[:, None]]
             lengths[multi.name] = count
         table_keys, column_indices = index_tables(schema, batch, raw, lengths)
-        wide_keys, wide_indices = index_wide(schema, batch, raw)
+        if wide:
+            wide_keys, wide_indices = index_wide(schema, batch, raw)
+        else:
+            wide_keys, wide_indices = np.zeros(0, np.uint64), np.zeros((batch, 0), np.int64)
         return BatchFeatures(
             batch, table_keys, column_indices, wide_keys, wide_indices, self.dense
         )
@@ -258,7 +263,11 @@ def index_tables(
     column_indices: dict[str, Indices] = {}
     for table, names in by_table.items():
         parts = [raw[n] for n in names]
-        unique, inverse = np.unique(np.concatenate(parts), return_inverse=True)
+        keys = np.concatenate(parts)
+        if len(keys) <= 1:  # one row's user or context column: np.unique would cost 10 us
+            unique, inverse = keys, np.zeros(len(keys), dtype=np.intp)
+        else:
+            unique, inverse = np.unique(keys, return_inverse=True)
         table_keys[table] = unique
         pad = len(unique)
         start = 0

@@ -171,8 +171,18 @@ def alongside(steps: Steps[object] | None, work: Callable[[], T]) -> T:
 def pull_many(requests: Sequence[tuple[SparseTable, Keys]], *, train: bool) -> list[Rows]:
     """``table.pull(keys, train=train)`` for each request, interleaved; the rows in order.
 
-    Raises the first error after every pull has ended.
+    Raises the first error after every pull has ended. Tables without steps (in-process
+    ones: a request pulls a dozen) are pulled one after the other, as their steps would
+    run, without a generator and a round each.
     """
+    if not any(_stepped(table) for table, _ in requests):
+        results: list[object] = []
+        for table, keys in requests:
+            try:
+                results.append(table.pull(keys, train=train))
+            except Exception as exc:  # this pull failed; the others go on
+                results.append(exc)
+        return raise_first(results)  # type: ignore[return-value]
     steps = [
         table.pull_steps(keys, train=train)
         if _stepped(table)

@@ -117,6 +117,26 @@ def test_extraction_indexes_unique_keys_per_table() -> None:
     assert np.isfinite(batch.dense).all()
 
 
+def test_one_row_reads_its_keys_and_without_the_wide_part_the_same_tables() -> None:
+    schema = default_schema()
+    extractor = FeatureExtractor(schema)
+    one = [row("u1", 1, history=(2, 3))]
+    batch = extractor.extract(one)
+    # A table with one key (the user's, the context's) is that key at index 0.
+    assert batch.table_keys["user"].tolist() == [feature_key("user", "u1")]
+    assert batch.column_indices["user"].tolist() == [0]
+    assert batch.column_indices["user"].dtype == np.int64
+    for rows in (one, [row("u1", 1, history=(2, 3)), row("u2", 2), row("u1", 3)]):
+        whole, tables = extractor.extract(rows), extractor.extract(rows, wide=False)
+        assert tables.table_keys.keys() == whole.table_keys.keys()
+        for name, keys in whole.table_keys.items():
+            assert np.array_equal(tables.table_keys[name], keys)
+        for name, indices in whole.column_indices.items():
+            assert np.array_equal(tables.column_indices[name], indices)
+        assert np.array_equal(tables.dense, whole.dense)
+        assert len(tables.wide_keys) == 0 and tables.wide_indices.shape == (len(rows), 0)
+
+
 def test_unknown_video_and_empty_context_still_extract() -> None:
     extractor = FeatureExtractor(default_schema())
     bare = FeatureRow(user_id="new-user", video_id="not-in-catalog", ts_ms=T0)

@@ -95,3 +95,17 @@ def test_an_operation_stopped_between_steps_leaves_no_stale_reply(client: redis.
     other = np.arange(1000, 1010, dtype=np.uint64)
     assert not table.pull(other).any(), "a fresh connection: not the first MGET's reply"
     np.testing.assert_array_equal(table.pull(keys), first)
+
+
+def test_in_process_tables_pull_in_order_and_a_failed_one_does_not_stop_the_others() -> None:
+    tables = [MemorySparseTable(s, SparseSettings()) for s in SPECS]
+    batch = _batch(1)
+    pulled = pull_many([(t, k) for t, (k, _) in zip(tables, batch, strict=True)], train=True)
+    for t, (k, _), rows in zip(tables, batch, pulled, strict=True):
+        np.testing.assert_array_equal(t.pull(k), rows)
+    fresh = [MemorySparseTable(s, SparseSettings()) for s in SPECS]
+    requests = [(fresh[0], batch[0][0]), (Failing(), batch[1][0]), (fresh[2], batch[2][0])]
+    with pytest.raises(SparseTableUnavailable):
+        pull_many(requests, train=True)  # type: ignore[arg-type]
+    # The pull after the failed one ran (and admitted its keys), as it would interleaved.
+    assert fresh[2].stats().rows == len(batch[2][0]) > 0
