@@ -46,6 +46,13 @@ of the replayed log) among 99 videos the user never touched anywhere, the
 test views never read: for choosing the tower's settings without the test.
 
     python -m bench.seq_tower_screen DATASET [--dump F.npz] [--validate] [--control ...]
+
+Figures (ml-100k, 943 questions, the defaults, 2026-11-28, shared 2-core machine at load
+3-5; dump of main at dafc5ad: service HR@10 0.5790 / NDCG@10 0.3179): the tower alone
+0.6023 / 0.3410 (seed 1: 0.5907 / 0.3410); fused, cross-fitted over even / odd user ids,
+0.6129 / 0.3535 (seed 1: 0.6161 / 0.3564), +0.034 / +0.037 of HR@10 over the service paired
+(one standard error 0.013-0.014); the random-items control 0.1007 alone and +0.003 fused.
+About 300 s of CPU (one thread), 95% of it the 33 refits.
 """
 
 from __future__ import annotations
