@@ -418,15 +418,44 @@ def load_dump(path: Path, questions: Sequence[Question]) -> list[dict[str, Any]]
     return list(dump["rankings"])
 
 
+def views_before(events: Sequence[Event], questions: Sequence[Question]) -> Ints:
+    """Per question, the views its held-out video had in the log before the question."""
+    order = sorted(range(len(questions)), key=lambda k: questions[k].position)
+    seen: dict[str, int] = {}
+    counts = np.zeros(len(questions), dtype=np.int64)
+    views, at = views_of(events), 0
+    for k in order:
+        while at < len(views) and views[at][0] < questions[k].position:
+            video = views[at][1].video_id
+            seen[video] = seen.get(video, 0) + 1
+            at += 1
+        counts[k] = seen.get(questions[k].video, 0)
+    return counts
+
+
+def by_views(fused: Fused, counts: Ints) -> dict[str, Any]:
+    """HR@10 of the service and of the tower alone by the held-out video's views before the
+    question, and how often either of them hits (the ceiling of a per-question choice)."""
+    service, tower = fused.service < K, fused.tower < K
+    out: dict[str, Any] = {"either_hr": round(float((service | tower).mean()), 4)}
+    for name, low, high in (("under_20", 0, 20), ("20_to_49", 20, 50), ("50_or_more", 50, None)):
+        inside = (counts >= low) & (counts < high if high is not None else True)
+        out[name] = {"questions": int(inside.sum()),
+                     "service_hr": round(float(service[inside].mean()), 3),
+                     "tower_hr": round(float(tower[inside].mean()), 3)}
+    return out
+
+
 def fusion_report(rankings: list[dict[str, Any]], questions: Sequence[Question],
-                  scores: Sequence[npt.NDArray[np.float64]], weights: tuple[float, float]
-                  ) -> dict[str, Any]:
+                  scores: Sequence[npt.NDArray[np.float64]], weights: tuple[float, float],
+                  events: Sequence[Event]) -> dict[str, Any]:
     fused = fusion_ranks(rankings, questions, scores, weights)
     even = np.array([int(q.user.removeprefix("ml")) % 2 == 0 for q in questions])
     return {"service_hr_ndcg": [round(x, 4) for x in hr_ndcg(fused.service)],
             "tower_on_service_candidates_hr_ndcg": [round(x, 4) for x in hr_ndcg(fused.tower)],
             "weights": list(WEIGHTS), "in_sample_grid_hr": grid(fused),
-            **cross_fit(fused, even)}
+            **cross_fit(fused, even),
+            "by_views_before": by_views(fused, views_before(events, questions))}
 
 
 def main() -> None:
@@ -470,7 +499,7 @@ def main() -> None:
     if args.dump is not None and not args.validate:
         weights = (settings.api.retrieval_weight, settings.api.covisit_weight)
         report["fusion"] = fusion_report(load_dump(args.dump, questions), questions, scores,
-                                         weights)
+                                         weights, events)
     if args.save_scores is not None:
         np.savez_compressed(args.save_scores, users=np.array([q.user for q in questions]),
                             scores=np.array(scores, dtype=object))
