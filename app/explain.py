@@ -4,8 +4,8 @@ Built from what the request computed anyway (the pool's proposers, every
 head's prediction from the one model run, the bonus terms, the rerank's
 trace), so an engineer can answer "why was this video shown to this
 user" from the response alone: which sources proposed it, what each ranking
-head predicted, how the heads were fused, what the two-tower and
-co-visitation terms added to the ranking, and what the rerank did (a new
+head predicted, how the heads were fused, what the two-tower,
+co-visitation and sequence terms added to the ranking, and what the rerank did (a new
 video's prior and the user's lifts, an exploration slot, a creator demotion).
 """
 
@@ -28,12 +28,12 @@ def explanations(
     heads: Mapping[str, np.ndarray],
     model_scores: np.ndarray,
     scores: np.ndarray,
-    terms: tuple[np.ndarray, np.ndarray],
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray],
     trace: RerankTrace | None,
 ) -> list[dict[str, Any]]:
     """One explanation per item of the response (``order``: their candidate positions)."""
-    towers, covisited = terms
-    ranking = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0)) + towers + covisited
+    towers, covisited, ordered = terms
+    ranking = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0)) + towers + covisited + ordered
     notes = _rerank_notes(trace)
     return [
         {
@@ -42,6 +42,7 @@ def explanations(
             "model_score": float(model_scores[i]),
             "affinity_bonus": float(towers[i]),
             "covisit_bonus": float(covisited[i]),
+            "sequence_bonus": float(ordered[i]),
             "ranking": float(ranking[i]),
             "rerank": notes.get(i, {}),
         }
@@ -57,6 +58,7 @@ def summary(
         "fusion": dict(fusion.weights),
         "retrieval_weight": settings.retrieval_weight,
         "covisit_weight": settings.covisit_weight,
+        "sequence_weight": settings.sequence_weight,
         "candidates": candidates,
         "excluded": trace.excluded if trace is not None else 0,
     }

@@ -238,9 +238,10 @@ class Recommender:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
+        ordered = model.sequence.logits(history, found.ids) if model.sequence else None
         ranked = self._rank(
-            request, query, found, scores, affinity, count, model, fusion, (new, reference),
-            feedback,
+            request, query, found, scores, (affinity, ordered), count, model, fusion,
+            (new, reference), feedback,
         )
         order = ranked.order
         explained = None
@@ -336,7 +337,7 @@ class Recommender:
         query: CandidateQuery,
         found: Found,
         scores: np.ndarray,
-        affinity: np.ndarray | None,
+        learned: tuple[np.ndarray | None, np.ndarray | None],
         count: int,
         model: LoadedModel,
         fusion: Fusion | None,
@@ -346,17 +347,20 @@ class Recommender:
         """The reranked scores and the response's rows, best first, by :func:`fuse`.
         ``scored_anonymous``: candidate positions and their anonymous scores, scored with
         the user's (what the cold start asks for, see :meth:`Scorer.score_rows`).
-        ``feedback``: the user's, read with the history (None: the rerank reads it)."""
+        ``feedback``: the user's, read with the history (None: the rerank reads it).
+        ``learned``: the two-tower affinity and the sequence tower's logits (None: none)."""
         covisits = found.pool.covisits
         terms = bonus_terms(
             len(found.ids),
-            affinity,
+            learned[0],
             np.fromiter(map(covisits.get, found.ids, repeat(0.0)), np.float64, len(found.ids))
             if covisits else None,
             self.settings.retrieval_weight,
             self.settings.covisit_weight,
+            learned[1],
+            self.settings.sequence_weight,
         )
-        bonus = terms[0] + terms[1]
+        bonus = terms[0] + terms[1] + terms[2]
         if self.rerank is None or not len(found.ids):
             return Ranked(scores, top_k(fuse(scores, bonus), count), terms)
 
@@ -464,7 +468,7 @@ class Ranked(NamedTuple):
     """The reranked probabilities (each item's ``score``)."""
     order: np.ndarray
     """The response's candidate positions, best first."""
-    terms: tuple[np.ndarray, np.ndarray]
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray]
     """The ranking's bonus terms (:func:`~app.scoring.ranking.bonus_terms`)."""
     trace: RerankTrace | None = None
     """What the rerank did (an explained request only)."""

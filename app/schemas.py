@@ -100,8 +100,11 @@ class ItemExplanation(_Response):
     """``retrieval_weight * (cosine - best cosine)``: the two-tower term of the ranking."""
     covisit_bonus: float
     """``covisit_weight * log1p(co-visitation count)``: the co-visitation term."""
+    sequence_bonus: float = 0.0
+    """``sequence_weight * (logit - best logit)``: the sequence tower's term (0 when the
+    version has none or the user has no view it knows)."""
     ranking: float
-    """The sort key: ``log(score) + affinity_bonus + covisit_bonus``."""
+    """The sort key: ``log(score) + affinity_bonus + covisit_bonus + sequence_bonus``."""
     rerank: RerankNote
 
 
@@ -112,6 +115,7 @@ class ResponseExplanation(_Response):
     """The weights over the heads that made ``model_score``."""
     retrieval_weight: float
     covisit_weight: float
+    sequence_weight: float = 0.0
     candidates: int
     """Candidates scored (after the filters)."""
     excluded: int

@@ -327,6 +327,11 @@ class ApiSettings(_Section):
     """Weight of the two-tower affinity (cosine, -1..1) in the ranking score, in
     log-probability units per unit of cosine; 0 ranks by the model alone. Chosen on
     validation queries of ml-100k, not the test split (``docs/retrieval.md``)."""
+    sequence_weight: float = Field(0.5, ge=0, le=100)
+    """Weight of the sequence tower's logit (dot product of the user's state and the
+    video's vector, ``sequence.enabled``) in the ranking score, in log-probability units
+    per unit of logit: its log-softmax over the request's candidates, the same up to a
+    per-request constant. Chosen on ml-100k (``docs/retrieval.md``)."""
     covisit_weight: float = Field(1.0, ge=0, le=100)
     """Weight of ``log1p(co-visitation count)`` in the ranking score, in log-probability
     units; the co-watch evidence the model's features do not carry directly. Chosen with
@@ -455,6 +460,72 @@ class RetrievalSettings(_Section):
     frequency_alpha: float = Field(0.05, gt=0, le=1)
     """Learning rate of the streaming estimate of the steps between a video's
     occurrences (Yi et al. 2019): higher follows popularity changes faster, noisier."""
+
+
+class SequenceSettings(_Section):
+    """The sequence tower: a SASRec-style causal transformer over each user's recent
+    views, trained on next-view prediction beside the ranker (``trainer/sequence.py``,
+    ``app/scoring/sequence.py``, ``docs/retrieval.md``).
+
+    The trainer keeps each user's chosen videos in order and refits the tower
+    (warm-started) every ``refit_every`` views; each export writes its encoder
+    (ONNX) and every video's vector into the version; the service encodes the
+    user's recent positive history and adds ``api.sequence_weight`` times the
+    tower's logit of each candidate to the ranking. The defaults are the best of
+    five settings tried on ml-100k's second-to-last views (``bench/seq_tower_screen.py
+    --validate``), never on its test views.
+    """
+
+    enabled: bool = True
+    """Train, export and serve the tower. Off: versions carry none and the ranking
+    has no sequence term."""
+    dim: int = Field(64, ge=4, le=1024)
+    """Width of the item vectors and of the transformer (floats)."""
+    blocks: int = Field(2, ge=1, le=8)
+    """Causal self-attention blocks."""
+    heads: int = Field(1, ge=1, le=16)
+    """Attention heads per block (``dim`` must divide by it)."""
+    max_len: int = Field(50, ge=2, le=512)
+    """Newest views the tower reads (training windows and serving alike)."""
+    dropout: float = Field(0.2, ge=0, lt=1)
+    learning_rate: float = Field(3e-3, gt=0)
+    """Adam step size (the tower is dense: item vectors are its own, not sparse tables)."""
+    batch_size: int = Field(128, ge=1, le=65_536)
+    """Windows per training step."""
+    epochs: int = Field(6, ge=1, le=100)
+    """Passes over the kept windows per refit (warm start: the same network and
+    optimizer go on from the last refit)."""
+    refit_every: int = Field(6000, ge=1)
+    """Views between refits at most; fewer early on (a tenth of those fitted on, at
+    least ``min_refit``), as a matrix factorisation is refit."""
+    min_refit: int = Field(1000, ge=1)
+    """Views between refits at least."""
+    max_windows: int = Field(4096, ge=1)
+    """Windows of ``max_len`` views a refit trains on at most (drawn at random when
+    there are more): bounds a refit's CPU on a large log (ml-100k has about 2,500)."""
+    views_per_user: int = Field(1000, ge=2)
+    """Newest views kept per user (older ones drop out of training)."""
+    max_views: int = Field(2_000_000, ge=100)
+    """Views kept in all (4 bytes each); beyond it the least recently active users
+    are dropped."""
+    max_videos: int = Field(1_000_000, ge=10)
+    """Videos the tower gives a vector; later ones are not scored by it until a
+    restart (``dim`` floats each, twice with the optimizer's moments)."""
+    sampled_above: int = Field(50_000, ge=1)
+    """Above this many videos a training step scores the targets against
+    ``negatives`` uniformly drawn videos instead of the whole catalog."""
+    negatives: int = Field(4096, ge=1)
+    background: bool = True
+    """Refit on a thread of its own (the online trainer); off, a due refit runs at the
+    export that finds it due (the evaluation's replay: deterministic, point in time)."""
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> SequenceSettings:
+        if self.dim % self.heads:
+            raise ConfigurationError(
+                f"sequence.heads: {self.heads} does not divide sequence.dim {self.dim}"
+            )
+        return self
 
 
 class RerankSettings(_Section):
@@ -776,6 +847,7 @@ class Settings(BaseSettings):
     features: FeatureSettings = FeatureSettings()
     trainer: TrainerSettings = TrainerSettings()
     retrieval: RetrievalSettings = RetrievalSettings()
+    sequence: SequenceSettings = SequenceSettings()
     api: ApiSettings = ApiSettings()
     rerank: RerankSettings = RerankSettings()
     ann: AnnSettings = AnnSettings()

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from app.evaluation.feed import IMPRESSION_LEAD_MS
-from app.evaluation.results import RANKER_ROW, EvalResult, ModelFigures
+from app.evaluation.results import RANKER_ROW, SEQUENCE_ROW, EvalResult, ModelFigures
 from app.evaluation.runner import EvalConfig
 from app.evaluation.stream import stars_watched
 from feature_store.heads import HEADS, HeadSpec
@@ -225,7 +225,10 @@ def _ranker_and_mf(cfg: EvalConfig, where: str) -> str:
     return (
         f"The row \"{RANKER_ROW}\" orders the service's candidates (after its filters) by "
         "the model's probability alone, without the retrieval and co-visitation bonus and "
-        "the rerank that the final ranking (`app/scoring/ranking.py`) adds. Matrix "
+        "the rerank that the final ranking (`app/scoring/ranking.py`) adds; the row "
+        f"\"{SEQUENCE_ROW}\" orders them by the served sequence tower's logit alone (the "
+        "user's recent views in order, `trainer/sequence.py`), one of the terms the final "
+        "ranking adds. Matrix "
         f"factorisation (`implicit`'s {cfg.mf.describe()}; `app/evaluation/factorization.py`, "
         "settings picked on a validation split by `bench/tune_mf.py`) is trained on the "
         "positive samples trained before the moment only, the user's factor solved at the "

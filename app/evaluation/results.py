@@ -178,6 +178,9 @@ POOL_ROW = "candidate pool, sources' order"
 RANKER_ROW = "ranker alone (probability order)"
 """The row of the service's candidates ordered by the model's probability only: the
 final ranking without the retrieval and co-visitation bonus and the rerank."""
+SEQUENCE_ROW = "sequence tower alone (logit order)"
+"""The row of the service's candidates ordered by the served sequence tower's logit only
+(``trainer/sequence.py``): the user's recent views read in order, nothing else."""
 MF_ROW = "matrix factorisation (ALS)"
 """The row of :class:`~app.evaluation.factorization.MatrixFactorization`."""
 
@@ -335,6 +338,9 @@ def _model_rows(
     nothing = np.full(len(weighted.event_ids), np.nan)
     if queries:
         models.append(rows.figures(RANKER_ROW, nothing, [q.ranker_rank for q in queries], k))
+    if any(q.sequence_rank is not None for q in queries):
+        models.append(rows.figures(SEQUENCE_ROW, nothing, [q.sequence_rank for q in queries],
+                                   k))
     for name, model in (
         ("popularity", baselines.Popularity()),
         (f"recent popularity ({cfg.half_life_days:g} d)",

@@ -243,6 +243,9 @@ class Query:
     ranker_rank: int | None = None
     """The item's rank in that pool by the model's probability alone (no bonus, no rerank;
     None likewise)."""
+    sequence_rank: int | None = None
+    """The item's rank in that pool by the served sequence tower's logit alone (the pool's
+    order for a user without a view it knows; None: no tower, or not in the pool)."""
     fallback: str | None = None
 
 
@@ -274,6 +277,8 @@ def eval_settings(
                       "memory_retention_records": 100_000_000, "memory_persist": False},
         # Events carry no recommendation ids: no served row would ever be joined.
         "served_log": {"enabled": False},
+        # Refits at the exports that find them due: reproducible and point in time.
+        "sequence": {"background": False},
         "trainer": trainer,
         "features": features,
         # The service's ONNX session on CPU: the figures are quality, not speed.
@@ -459,6 +464,7 @@ class _Online:
         query.pool_rank = rank_of(query.video, pool)
         if query.pool_rank is not None:  # ties keep the pool's order (random under loo)
             query.ranker_rank = rank_in(query.video, pool, np.asarray(probability))
+            query.sequence_rank = _sequence_rank(service, query, pool)
         query.seen = frozenset(h.video_id for h in self.resources.activity.history(query.user))
         query.before = self.weighted
         if self.mf_ahead is not None:
@@ -466,6 +472,15 @@ class _Online:
         query.fallback = response.fallback_reason
         if query.fallback:
             self.fallbacks[query.fallback] = self.fallbacks.get(query.fallback, 0) + 1
+
+
+def _sequence_rank(service: Any, query: Query, pool: list[str]) -> int | None:
+    """``query``'s video's rank in ``pool`` by the served sequence tower alone."""
+    model = service.recommender.holder.current
+    if model is None or model.sequence is None:
+        return None
+    logits = model.sequence.logits(service.recommender.activity.history(query.user), pool)
+    return rank_in(query.video, pool, np.zeros(len(pool)) if logits is None else logits)
 
 
 def _offline(

@@ -47,6 +47,7 @@ import onnxruntime as ort
 
 from app.cache import RowReader
 from app.scoring.retrieval import RetrievalLoadError, RetrievalModel, load_retrieval
+from app.scoring.sequence import SequenceLoadError, SequenceModel, load_sequence
 from feature_store.errors import ConfigurationError, NotFound, VidrecError
 from feature_store.features.extract import BatchFeatures
 from feature_store.features.schema import FeatureSchema
@@ -93,6 +94,9 @@ class LoadedModel:
     retrieval: RetrievalModel | None = None
     """The version's two-tower model (None: the version has none, or towers are off):
     swapped with the ranker, so a request's user vector and video vectors match."""
+    sequence: SequenceModel | None = None
+    """The version's sequence tower (None: the version has none): swapped with the
+    ranker, so a user's state and the video vectors come from one refit."""
     row_shaped: frozenset[str] = frozenset()
     """Inputs whose first axis is named ``B``: a version exported before the history was
     per sequence takes it per row (:func:`~feature_store.models.model_io.build_feed`)."""
@@ -288,6 +292,10 @@ def load_model(
             )
         except RetrievalLoadError as exc:
             log.error("serving %s without its towers: %s", version, exc)
+        try:
+            loaded.sequence = load_sequence(registry, manifest, session_options(settings))
+        except SequenceLoadError as exc:
+            log.error("serving %s without its sequence tower: %s", version, exc)
     return loaded
 
 

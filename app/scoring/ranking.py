@@ -15,22 +15,30 @@ def bonus_terms(
     covisits: np.ndarray | None,
     retrieval_weight: float,
     covisit_weight: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The two terms the ranking adds to ``log p``, per candidate:
-    ``retrieval_weight * (affinity - max affinity)`` and
-    ``covisit_weight * log1p(covisit count)``.
+    sequence: np.ndarray | None = None,
+    sequence_weight: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three terms the ranking adds to ``log p``, per candidate:
+    ``retrieval_weight * (affinity - max affinity)``,
+    ``covisit_weight * log1p(covisit count)`` and
+    ``sequence_weight * (sequence logit - max logit)``.
 
     ``affinity`` is the cosine of user and video vectors (None: no towers);
     ``covisits`` how often each candidate was co-watched with the user's recent
-    watches (None: none known). Subtracting the best affinity keeps the term at
-    most 0, so it only reorders within the request.
+    watches (None: none known); ``sequence`` the sequence tower's logit of each
+    candidate after the user's recent views (None: no tower, or no known view).
+    Subtracting the best keeps a term at most 0, so it only reorders within the
+    request (the sequence term is then its log-softmax over the candidates plus a
+    per-request constant).
     """
-    towers, covisited = np.zeros(size), np.zeros(size)
+    towers, covisited, ordered = np.zeros(size), np.zeros(size), np.zeros(size)
     if affinity is not None and len(affinity) and retrieval_weight:
         towers = retrieval_weight * (affinity - affinity.max())
     if covisits is not None and covisit_weight:
         covisited = covisit_weight * np.log1p(covisits)
-    return towers, covisited
+    if sequence is not None and len(sequence) and sequence_weight:
+        ordered = sequence_weight * (sequence - sequence.max())
+    return towers, covisited, ordered
 
 
 def ranking_bonus(
@@ -39,10 +47,14 @@ def ranking_bonus(
     covisits: np.ndarray | None,
     retrieval_weight: float,
     covisit_weight: float,
+    sequence: np.ndarray | None = None,
+    sequence_weight: float = 0.0,
 ) -> np.ndarray:
     """What the ranking adds to ``log p``: the sum of :func:`bonus_terms`."""
-    towers, covisited = bonus_terms(size, affinity, covisits, retrieval_weight, covisit_weight)
-    return towers + covisited
+    towers, covisited, ordered = bonus_terms(
+        size, affinity, covisits, retrieval_weight, covisit_weight, sequence, sequence_weight
+    )
+    return towers + covisited + ordered
 
 
 def top_k(ranking: np.ndarray, count: int) -> np.ndarray:

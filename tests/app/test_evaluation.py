@@ -19,7 +19,7 @@ from app.evaluation.baselines import Popularity, prequential
 from app.evaluation.metrics import recall_ndcg, windows
 from app.evaluation.progress import Progress
 from app.evaluation.report import replace_section
-from app.evaluation.results import MF_ROW, POOL_ROW, RANKER_ROW
+from app.evaluation.results import MF_ROW, POOL_ROW, RANKER_ROW, SEQUENCE_ROW
 from app.evaluation.stream import load_stream, split_samples
 from app.wiring import eval_trainers
 from feature_store.errors import ConfigurationError, InvalidInput
@@ -67,19 +67,21 @@ def test_every_rating_is_one_row_labelled_rating_at_least_4(result, movielens) -
 
 def test_all_models_are_scored_on_the_same_last_20_percent(result) -> None:  # type: ignore[no-untyped-def]
     names = [m.name for m in result.models]
-    assert names[:4] == ["online Wide&Deep", RANKER_ROW, "popularity", "recent popularity (7 d)"]
-    assert names[4] == MF_ROW and names[5].startswith("offline Wide&Deep")
-    assert names[6:] == [POOL_ROW]
-    scored = [m for m in result.models if m.name not in (RANKER_ROW, MF_ROW, POOL_ROW)]
+    assert names[:5] == ["online Wide&Deep", RANKER_ROW, SEQUENCE_ROW, "popularity",
+                         "recent popularity (7 d)"]
+    assert names[5] == MF_ROW and names[6].startswith("offline Wide&Deep")
+    assert names[7:] == [POOL_ROW]
+    ranks_only = (RANKER_ROW, SEQUENCE_ROW, MF_ROW, POOL_ROW)
+    scored = [m for m in result.models if m.name not in ranks_only]
     assert len(scored) == 4
     for model in scored:
         assert 0.0 <= model.auc_test <= 1.0
         assert np.isfinite(model.logloss_test)
         assert len(model.window_auc) == 5
-    for name in (RANKER_ROW, MF_ROW, POOL_ROW):  # ranks only: no scores
+    for name in ranks_only:  # ranks only: no scores
         assert np.isnan(result.model(name).auc_test)
     # The offline model only scores the test rows: its curve is empty before them.
-    assert np.isnan(result.models[5].window_auc[0])
+    assert np.isnan(result.models[6].window_auc[0])
     assert result.offline_epochs and 1 <= result.offline_best_epoch <= 3
 
 

@@ -298,8 +298,10 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
         assert set(why["heads"]) >= {"engagement"}
         assert why["model_score"] == pytest.approx(why["heads"]["engagement"], rel=1e-5)
         assert why["affinity_bonus"] <= 0 <= why["covisit_bonus"]
+        assert why["sequence_bonus"] <= 0
         assert why["ranking"] == pytest.approx(
-            np.log(item["score"]) + why["affinity_bonus"] + why["covisit_bonus"], rel=1e-5
+            np.log(item["score"]) + why["affinity_bonus"] + why["covisit_bonus"]
+            + why["sequence_bonus"], rel=1e-5
         )
         if why["rerank"]["new_video"]:
             assert 0 < why["rerank"]["prior"] < 1 and why["rerank"]["lift"] is not None

@@ -14,6 +14,7 @@ from feature_store.events import EventType
 from feature_store.features.columns import FeatureRow
 from feature_store.features.extract import FeatureExtractor
 from feature_store.features.schema import default_schema
+from feature_store.models import sequence_io
 from feature_store.models.retrieval_io import Towers, pool, tower_table
 from feature_store.runtime.resources import table_specs
 from feature_store.settings import RetrievalSettings, Settings
@@ -255,8 +256,9 @@ def test_loop_trains_exports_and_restores_the_towers(
     assert status["steps"] > 0 and status["failed_steps"] == 0, status
     registry = ModelRegistry(tmp_path / "registry")
     manifest = registry.manifest(version)
-    assert manifest.artifacts == list(ARTIFACTS)
+    assert manifest.artifacts == [*ARTIFACTS, *sequence_io.ARTIFACTS]
     assert manifest.extra[MANIFEST_KEY]["dim"] == 32
+    assert manifest.extra[sequence_io.MANIFEST_KEY]["fits"] >= 1  # the sequence tower too
     ids = (registry.artifact_path(version, VIDEO_IDS_FILE) or Path()).read_text().split()
     assert len(ids) == len([v for v in world.videos() if not v.hidden])
 
@@ -267,6 +269,8 @@ def test_loop_trains_exports_and_restores_the_towers(
         for name, tensor in restored.retrieval.model.state_dict().items():
             assert torch.equal(tensor, state[name]), name
         np.testing.assert_array_equal(restored.retrieval.frequency.gap, gap)
+        assert restored.stages.sequence is not None
+        assert restored.stages.sequence.trainer.published is not None
 
 
 def test_disabled_retrieval_has_no_tower_tables(tmp_path: Path) -> None:

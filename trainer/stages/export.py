@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from feature_store.errors import BackendUnavailable
+from feature_store.models import sequence_io
 from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY
 from feature_store.runtime.resources import Resources
 from trainer.distributed import GroupSync
@@ -23,7 +26,9 @@ from trainer.model import WideDeep
 from trainer.retrieval import RetrievalTrainer
 from trainer.retrieval_export import VideoInputs
 from trainer.retrieval_export import writer as retrieval_writer
+from trainer.sequence_export import writer as sequence_writer
 from trainer.stages.base import Batch, Checkpoint, Progress, Shared
+from trainer.stages.sequence import SequenceStage
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ class Export:
         resources: Resources,
         model: WideDeep,
         retrieval: RetrievalTrainer | None,
+        sequence: SequenceStage | None,
         progress: Progress,
         group: GroupSync | None,
         metrics: TrainerMetrics,
@@ -45,6 +51,7 @@ class Export:
         self.cfg = resources.settings.trainer
         self.model = model
         self.retrieval = retrieval
+        self.sequence = sequence
         self.progress = progress
         self.group = group
         self.metrics = metrics
@@ -85,17 +92,26 @@ class Export:
             return False
 
     def export(self, activate: bool | Literal["own_family"]) -> str:
-        """Publish the current dense network as a registry version."""
-        artifacts = None
+        """Publish the current dense network as a registry version (with the towers and
+        the sequence tower's newest refit, when there are)."""
+        names: list[str] = []
+        writers: list[Callable[[Path], None]] = []
         extra: dict[str, Any] = {"head_samples": dict(self.metrics.head_samples)}
         if self.retrieval is not None:
-            artifacts = (
-                list(ARTIFACTS),
-                retrieval_writer(
-                    self.retrieval, self.resources.catalog.iter_all(), self.video_inputs
-                ),
-            )
+            names += ARTIFACTS
+            writers.append(retrieval_writer(
+                self.retrieval, self.resources.catalog.iter_all(), self.video_inputs
+            ))
             extra[MANIFEST_KEY] = self.retrieval.towers.describe()
+        published = None if self.sequence is None else self.sequence.for_export()
+        if published is not None:
+            max_len = self.resources.settings.sequence.max_len
+            names += sequence_io.ARTIFACTS
+            writers.append(sequence_writer(published, max_len))
+            extra[sequence_io.MANIFEST_KEY] = sequence_io.describe(
+                max_len, published.tower.dim, published.fits
+            )
+        artifacts = (names, _all(writers)) if writers else None
         with self.shared.lock:
             version = publish(
                 self.resources.registry,
@@ -135,3 +151,13 @@ class Export:
 
     def close(self) -> None:
         pass
+
+
+def _all(writers: list[Callable[[Path], None]]) -> Callable[[Path], None]:
+    """One artifact writer running ``writers`` in order."""
+
+    def write(directory: Path) -> None:
+        for each in writers:
+            each(directory)
+
+    return write

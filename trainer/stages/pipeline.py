@@ -28,6 +28,7 @@ from trainer.labels import Joiner, LabelPolicy
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.retrieval import RetrievalTrainer
+from trainer.sequence import SequenceTrainer
 from trainer.served import ServedJoin
 from trainer.stages.base import Batch, Checkpoint, Progress, Shared, Stage
 from trainer.stages.decode import Decode
@@ -35,6 +36,7 @@ from trainer.stages.export import Export
 from trainer.stages.join import Join
 from trainer.stages.rank import OnScored, Rank
 from trainer.stages.record import Record
+from trainer.stages.sequence import SequenceStage
 from trainer.stages.towers import Towers
 from trainer.step import Trainer
 
@@ -51,6 +53,8 @@ class Pipeline:
     record: Record
     towers: Towers | None
     """None when ``retrieval.enabled`` is off."""
+    sequence: SequenceStage | None
+    """None when ``sequence.enabled`` is off."""
     export: Export
     metrics: TrainerMetrics
     progress: Progress
@@ -58,7 +62,8 @@ class Pipeline:
     @property
     def stages(self) -> Sequence[Stage]:
         towers = [] if self.towers is None else [self.towers]
-        return [self.decode, self.join, self.rank, self.record, *towers, self.export]
+        sequence = [] if self.sequence is None else [self.sequence]
+        return [self.decode, self.join, self.rank, self.record, *towers, *sequence, self.export]
 
     def run(self, batch: Batch) -> Batch:
         """``batch`` through every stage; its figures into the metrics."""
@@ -121,6 +126,10 @@ def build(
         if settings.retrieval.enabled
         else None
     )
+    sequence = (
+        SequenceStage(SequenceTrainer(settings.sequence, cfg.seed))
+        if settings.sequence.enabled else None
+    )
     served = (
         ServedJoin(
             resources.served_log, settings.served_log, ranker.extractor,
@@ -147,7 +156,8 @@ def build(
             audit=cfg.audit,
         ),
         towers=None if retrieval is None else Towers(retrieval, shared),
-        export=Export(resources, model, retrieval, progress, group, metrics, shared),
+        sequence=sequence,
+        export=Export(resources, model, retrieval, sequence, progress, group, metrics, shared),
         metrics=metrics,
         progress=progress,
     )
