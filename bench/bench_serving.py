@@ -8,7 +8,9 @@
    real rows), and an exported WideDeep model (hidden 128-64) activated, with
    the retrieval towers (``retrieval.enabled``, the default; untrained, over
    admitted rows): the user tower and the catalog's video vectors, so the
-   retrieval run's latency includes the user vector and the search.
+   retrieval run's latency includes the user vector and the search; and the
+   sequence tower (``sequence.enabled``, the default; one short refit over the
+   events' views), so every run's latency includes encoding the user's views.
 2. Starts ``vidrec serve`` on it in a subprocess: one uvicorn worker.
 3. From this (second) process, sends a fixed number of ``POST /v1/recommend``
    requests with 500 given candidates over keep-alive HTTP/1.1 (a raw-socket
@@ -145,6 +147,7 @@ def prepare(
                 res.tables[table].pull(np.unique(keys), train=True)
             res.tables[WIDE_TABLE].pull(np.unique(batch.wide_keys), train=True)
         extra, artifacts = retrieval_artifacts(res, catalog, requests, now)
+        extra, artifacts = with_sequence(settings, events, extra, artifacts)
         version = publish(
             res.registry,
             WideDeep(res.schema),
@@ -188,6 +191,39 @@ def retrieval_artifacts(
     rows = [FeatureRow("", v.video_id, now, v) for v in videos]
     retrieval.pull(FeatureExtractor(FeatureSchema(towers.video)).extract(rows), train=True)
     return {MANIFEST_KEY: towers.describe()}, (list(ARTIFACTS), writer(retrieval, videos))
+
+
+def with_sequence(
+    settings: Settings, events: list[Any], extra: dict[str, Any], artifacts: Any
+) -> tuple[dict[str, Any], Any]:
+    """``extra`` and ``artifacts`` with a sequence tower added (``sequence.enabled``): the
+    events' chosen videos coded, one short refit (the weights do not matter here; the
+    shapes and the work per request do), so a request encodes its user's views."""
+    from feature_store.models import sequence_io
+    from trainer.sequence import CHOSEN, SequenceTrainer
+    from trainer.sequence_export import writer
+
+    if not settings.sequence.enabled:
+        return extra, artifacts
+    quick = settings.sequence.model_copy(update={"epochs": 1, "max_windows": 64})
+    trainer = SequenceTrainer(quick)
+    trainer.add_views([(e.user_id, e.video_id) for e in events if e.type in CHOSEN])
+    trainer.refit()
+    published = trainer.published
+    if published is None:
+        return extra, artifacts
+    names, writers = [], []
+    if artifacts is not None:
+        names, writers = list(artifacts[0]), [artifacts[1]]
+    names += sequence_io.ARTIFACTS
+    writers.append(writer(published, quick.max_len))
+
+    def write(directory: Path) -> None:
+        for each in writers:
+            each(directory)
+
+    described = sequence_io.describe(quick.max_len, quick.dim, published.fits)
+    return {**extra, sequence_io.MANIFEST_KEY: described}, (names, write)
 
 
 class Server:

@@ -452,6 +452,7 @@ class OnlineTrainer:
             "group": None if self.group is None else self.group.status(),
             "served": self.stages.join.status(),
             "retrieval": None if self.retrieval is None else self.retrieval.status(),
+            "sequence": None if self.stages.sequence is None else self.stages.sequence.status(),
         }
 
 

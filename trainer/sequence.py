@@ -24,7 +24,6 @@ export reads :attr:`SequenceTrainer.published`, a copy made after each refit.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -35,23 +34,25 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.nn import functional
 
 from feature_store.event_types import of_types
-from feature_store.models.sequence_io import left_padded
 from feature_store.settings import SequenceSettings
 from trainer.labels import Sample
+
+if TYPE_CHECKING:
+    from trainer.sequence_fit import Fitter
 
 log = logging.getLogger(__name__)
 
 CHOSEN = of_types("chosen")
 STATE_FILE = "sequence.pt"
 VIEWS_FILE = "sequence_views.npz"
+INDEX_FILE = "sequence_index.json"
 Window = tuple[Sequence[int], Sequence[int]]
 """A window's input codes and, position by position, the code that followed each."""
 
@@ -149,8 +150,8 @@ def windows(views: Sequence[int], max_len: int) -> list[Window]:
 
 @dataclass(frozen=True)
 class Published:
-    """A refit's result, for exports: a copy of the network (eval mode) and the video
-    of each code (``ids[code - 1]``)."""
+    """A refit's result, for exports: the network (eval mode) and the video of each code
+    (``ids[code - 1]``)."""
 
     tower: SequenceTower
     ids: tuple[str, ...]
@@ -158,19 +159,26 @@ class Published:
     views: int
     """Views the refit trained on."""
 
+    @classmethod
+    def of(cls, state: dict[str, Tensor], settings: SequenceSettings, ids: tuple[str, ...],
+           fits: int, views: int) -> Published:
+        tower = SequenceTower(state["item.weight"].shape[0] - 1, settings)
+        tower.load_state_dict(state)
+        return cls(tower.eval(), ids, fits, views)
+
 
 class SequenceTrainer:
-    """The tower, its optimizer, the users' views and their codes; see the module doc."""
+    """The users' views and their codes, and the refits (see the module doc).
 
-    def __init__(self, settings: SequenceSettings, seed: int = 0) -> None:
+    ``fitter`` runs a refit (:mod:`trainer.sequence_fit`): in this process by default,
+    or in a worker process (:class:`trainer.sequence_worker.RemoteFit`)."""
+
+    def __init__(self, settings: SequenceSettings, seed: int = 0,
+                 fitter: Fitter | None = None) -> None:
+        from trainer.sequence_fit import TowerFit  # it imports this module's network
+
         self.settings = settings
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
-        torch.manual_seed(seed)
-        self.capacity = 1024
-        """Videos the network's embedding has rows for (grown by doubling)."""
-        self.model = SequenceTower(self.capacity, settings)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.learning_rate)
+        self.fitter: Fitter = fitter if fitter is not None else TowerFit(settings, seed)
         self.codes: dict[str, int] = {}
         self.ids: list[str] = []
         self.views: OrderedDict[str, array[int]] = OrderedDict()
@@ -182,8 +190,6 @@ class SequenceTrainer:
         """Views added since the start (restored from a checkpoint)."""
         self.fitted = 0
         self.fits = 0
-        self.steps = 0
-        self.last_loss = math.nan
         self.refit_seconds = 0.0
         self.published: Published | None = None
         self._lock = threading.Lock()
@@ -247,11 +253,11 @@ class SequenceTrainer:
             self.kept -= len(dropped)
 
     def due(self) -> bool:
-        """Whether enough views arrived since the last refit (and there are any)."""
+        """Whether enough views arrived since the last refit: ``min_refit`` for the first,
+        then ``min(refit_every, fitted / 10)`` (at least ``min_refit``)."""
         s = self.settings
         every = max(s.min_refit, min(s.refit_every, self.fitted // 10))
-        new = self.count - self.fitted
-        return new > 0 and (self.fits == 0 or new >= every)
+        return self.count - self.fitted >= every
 
     # --- the refit -----------------------------------------------------------------
 
@@ -261,93 +267,39 @@ class SequenceTrainer:
             return self.due() and self._refit(stop)
 
     def refit(self, stop: threading.Event | None = None) -> bool:
-        """:meth:`_refit`, after any refit under way."""
+        """Train ``epochs`` passes over the kept windows (at most ``max_windows``), then
+        publish the weights for exports. False when there was nothing to train on, or
+        ``stop`` was set meanwhile (checked between steps: closing never waits for a
+        whole refit)."""
         with self._refitting:
             return self._refit(stop)
 
-    def _refit(self, stop: threading.Event | None = None) -> bool:
-        """Train ``epochs`` passes over the kept windows (at most ``max_windows``); then
-        publish a copy for exports. False when there was nothing to train on, or ``stop``
-        was set meanwhile (checked between steps: closing never waits for a whole refit)."""
+    def _refit(self, stop: threading.Event | None) -> bool:
         started = time.perf_counter()
         with self._lock:
-            count, items = self.count, len(self.ids)
-            data = [w for v in self.views.values() for w in windows(v, self.settings.max_len)]
-            ids = tuple(self.ids)
-        if not data:
+            count, ids = self.count, tuple(self.ids)
+            views = [v.tolist() for v in self.views.values()]
+        state = self.fitter.fit(views, len(ids), stop)
+        if state is None:
             return False
-        if len(data) > self.settings.max_windows:
-            picked = self.rng.choice(len(data), self.settings.max_windows, replace=False)
-            data = [data[i] for i in picked]
-        self._grow(items)
-        self.model.train()
-        for _ in range(self.settings.epochs):
-            order = self.rng.permutation(len(data)).tolist()
-            for start in range(0, len(data), self.settings.batch_size):
-                if stop is not None and stop.is_set():
-                    return False
-                self._step([data[i] for i in order[start:start + self.settings.batch_size]],
-                           items)
         self.fitted, self.fits = count, self.fits + 1
+        self.published = Published.of(state, self.settings, ids, self.fits, count)
         self.refit_seconds = time.perf_counter() - started
-        self.published = Published(copy.deepcopy(self.model).eval(), ids, self.fits, count)
         return True
 
-    def _step(self, chunk: list[Window], items: int) -> None:
-        length = max(len(x) for x, _ in chunk)
-        codes = torch.from_numpy(left_padded([x for x, _ in chunk], length))
-        target = torch.from_numpy(left_padded([y for _, y in chunk], length))
-        states = self.model(codes)[target > 0]
-        wanted = target[target > 0]
-        table = self.model.item.weight[1:items + 1]
-        if items <= self.settings.sampled_above:
-            loss = functional.cross_entropy(states @ table.T, wanted - 1)
-        else:  # the targets against uniformly drawn videos (a draw of a target is masked)
-            drawn = torch.from_numpy(self.rng.integers(1, items + 1, self.settings.negatives))
-            positive = (states * self.model.item.weight[wanted]).sum(-1, keepdim=True)
-            negative = states @ self.model.item.weight[drawn].T
-            negative = negative.masked_fill(drawn.unsqueeze(0) == wanted.unsqueeze(1), -1e9)
-            logits = torch.cat([positive, negative], dim=1)
-            loss = functional.cross_entropy(logits, torch.zeros(len(wanted), dtype=torch.long))
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.steps += 1
-        self.last_loss = float(loss.detach())
-
-    def _grow(self, items: int) -> None:
-        """Room for ``items`` videos in the embedding (and the optimizer's moments)."""
-        if items <= self.capacity:
-            return
-        capacity = max(items, 2 * self.capacity)
-        old = self.model.item.weight
-        grown = nn.Embedding(capacity + 1, self.settings.dim, padding_idx=0)
-        with torch.no_grad():
-            nn.init.normal_(grown.weight, std=self.settings.dim ** -0.5)
-            grown.weight[0].zero_()
-            grown.weight[: old.shape[0]] = old
-        state = self.optimizer.state.pop(old, None)
-        self.model.item = grown
-        params = self.optimizer.param_groups[0]["params"]
-        params[[p is old for p in params].index(True)] = grown.weight
-        if state:
-            for key in ("exp_avg", "exp_avg_sq"):
-                moment = torch.zeros_like(grown.weight)
-                moment[: old.shape[0]] = state[key]
-                state[key] = moment
-            self.optimizer.state[grown.weight] = state
-        self.capacity = capacity
+    def close(self) -> None:
+        self.fitter.close()
 
     # --- status and checkpoint -----------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         return {"views": self.count, "users": len(self.views), "videos": len(self.ids),
-                "fits": self.fits, "fitted_views": self.fitted, "steps": self.steps,
-                "loss": self.last_loss, "refit_s": round(self.refit_seconds, 3)}
+                "fits": self.fits, "fitted_views": self.fitted, "steps": self.fitter.steps,
+                "loss": self.fitter.last_loss, "refit_s": round(self.refit_seconds, 3)}
 
     def save(self, directory: Path) -> None:
         """The published network (not the one a refit may be training), the codes and the
-        views. The optimizer's moments are not kept: a restored tower warm-starts its
+        views. The optimizer's moments are not kept: a restored tower goes on from its
         weights with fresh moments."""
         with self._lock:
             users = list(self.views)
@@ -358,18 +310,18 @@ class SequenceTrainer:
         published = self.published
         torch.save({"model": None if published is None else published.tower.state_dict(),
                     "ids_known": len(published.ids) if published else 0,
-                    "fits": self.fits, "fitted": self.fitted, "count": count,
-                    "steps": self.steps}, directory / STATE_FILE)
+                    "fits": self.fits, "fitted": self.fitted, "count": count},
+                   directory / STATE_FILE)
         np.savez(directory / VIEWS_FILE, lengths=lengths, flat=flat)
-        (directory / "sequence_index.json").write_text(json.dumps({"users": users, "ids": ids}))
+        (directory / INDEX_FILE).write_text(json.dumps({"users": users, "ids": ids}))
 
     def restore(self, directory: Path) -> bool:
         """Load what :meth:`save` wrote; False when the checkpoint has no sequence tower or
-        one of other dimensions (the tower then starts afresh)."""
+        one of other dimensions (the network then starts afresh; the views are kept)."""
         if not (directory / STATE_FILE).is_file():
             return False
         state = torch.load(directory / STATE_FILE, weights_only=True)
-        index = json.loads((directory / "sequence_index.json").read_text())
+        index = json.loads((directory / INDEX_FILE).read_text())
         with np.load(directory / VIEWS_FILE) as arrays:
             lengths, flat = arrays["lengths"], arrays["flat"]
         self.ids = [str(i) for i in index["ids"]]
@@ -379,19 +331,17 @@ class SequenceTrainer:
         for k, user in enumerate(index["users"]):
             self.views[str(user)] = array("i", flat[offsets[k]:offsets[k + 1]].tolist())
         self.kept = int(lengths.sum())
-        self.count, self.steps = int(state["count"]), int(state["steps"])
-        if state["model"] is not None:
-            rows = state["model"]["item.weight"].shape[0] - 1
-            model = SequenceTower(rows, self.settings)
-            try:
-                model.load_state_dict(state["model"])
-            except RuntimeError as exc:
-                log.warning("sequence checkpoint does not fit the tower (%s); afresh", exc)
-                return False
-            self.model, self.capacity = model, rows
-            self.optimizer = torch.optim.Adam(model.parameters(), lr=self.settings.learning_rate)
-            self.fits, self.fitted = int(state["fits"]), int(state["fitted"])
-            self.published = Published(copy.deepcopy(model).eval(),
-                                       tuple(self.ids[: int(state["ids_known"])]),
-                                       self.fits, self.fitted)
+        self.count = int(state["count"])
+        if state["model"] is None:
+            return True
+        try:
+            published = Published.of(state["model"], self.settings,
+                                     tuple(self.ids[: int(state["ids_known"])]),
+                                     int(state["fits"]), int(state["fitted"]))
+        except RuntimeError as exc:
+            log.warning("sequence checkpoint does not fit the tower (%s); afresh", exc)
+            return False
+        self.fitter.load(state["model"])
+        self.published = published
+        self.fits, self.fitted = published.fits, published.views
         return True

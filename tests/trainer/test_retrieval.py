@@ -241,6 +241,9 @@ def test_loop_trains_exports_and_restores_the_towers(
 
     redis_url = request.getfixturevalue("redis_url") if sparse == "redis" else None
     settings = trainer_settings(tmp_path, sparse, redis_url)
+    # The sequence tower refits in its worker process once 200 views arrived.
+    settings = settings.model_copy(update={"sequence": settings.sequence.model_copy(
+        update={"min_refit": 200})})
     world = SyntheticWorld(WORLD)
     events = world.events(8_000)
     with open_resources(settings) as resources:
@@ -248,12 +251,15 @@ def test_loop_trains_exports_and_restores_the_towers(
         trainer = TrainerComponent(resources)
         trainer.start()
         wait_until(lambda: trainer.status()["events_total"] >= len(events), 120, "the stream")
+        wait_until(lambda: trainer.loop.status()["sequence"]["fits"] >= 1, 120, "a refit")
         version = trainer.export_now(activate=True)
         trainer.stop()
         status = trainer.loop.status()["retrieval"]
+        sequence = trainer.loop.status()["sequence"]
         state = {k: v.clone() for k, v in trainer.loop.retrieval.model.state_dict().items()}
         gap = trainer.loop.retrieval.frequency.gap.copy()
     assert status["steps"] > 0 and status["failed_steps"] == 0, status
+    assert sequence["views"] > 0 and sequence["fits"] >= 1 and sequence["failed_refits"] == 0
     registry = ModelRegistry(tmp_path / "registry")
     manifest = registry.manifest(version)
     assert manifest.artifacts == [*ARTIFACTS, *sequence_io.ARTIFACTS]

@@ -18,6 +18,8 @@ from feature_store.models.registry import ModelRegistry
 from feature_store.settings import SequenceSettings
 from trainer.sequence import SequenceTrainer, windows
 from trainer.sequence_export import writer
+from trainer.sequence_fit import TowerFit
+from trainer.sequence_worker import RemoteFit
 
 SMALL = SequenceSettings(dim=16, blocks=1, max_len=8, dropout=0.0, epochs=100, batch_size=32,
                          min_refit=1, refit_every=10)
@@ -129,19 +131,21 @@ def test_a_checkpoint_brings_the_tower_back(fitted: SequenceTrainer, tmp_path: P
     assert not back.due()
 
 
-def test_a_growing_catalog_keeps_the_rows_learnt(fitted: SequenceTrainer) -> None:
-    trainer = SequenceTrainer(SMALL.model_copy(update={"epochs": 1}), seed=1)
-    trainer.capacity = 4
-    trainer.model = type(trainer.model)(4, SMALL)
-    trainer.optimizer = torch.optim.Adam(trainer.model.parameters())
+def test_a_growing_catalog_keeps_the_rows_learnt() -> None:
+    fit = TowerFit(SMALL.model_copy(update={"epochs": 1}), seed=1)
+    fit.capacity = 4
+    fit.model = type(fit.model)(4, SMALL)
+    fit.optimizer = torch.optim.Adam(fit.model.parameters())
+    trainer = SequenceTrainer(SMALL, fitter=fit)
     trainer.add_views([("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")])
     assert trainer.refit()
-    before = trainer.model.item.weight.detach()[:3].clone()
+    before = fit.model.item.weight.detach()[:3].clone()
     trainer.add_views([(f"c{i}", f"new{i}") for i in range(6)] + [("a", "new1")])
     trainer.refit(threading.Event())
-    assert trainer.capacity >= 8 and trainer.model.item.weight.shape[0] == trainer.capacity + 1
+    assert fit.capacity >= 8 and fit.model.item.weight.shape[0] == fit.capacity + 1
     # Moved by the second refit's step, but from where the first left them, not afresh.
-    assert torch.allclose(trainer.model.item.weight.detach()[:3], before, atol=0.1)
+    assert torch.allclose(fit.model.item.weight.detach()[:3], before, atol=0.1)
+    assert trainer.published is not None and len(trainer.published.ids) == 8
 
 
 def test_a_stop_ends_a_refit_between_steps() -> None:
@@ -168,3 +172,38 @@ def test_the_registry_version_serves_the_tower(fitted: SequenceTrainer, tmp_path
     assert model is not None and model.max_len == SMALL.max_len
     assert load_sequence(registry, type("M", (), {"version": "x", "extra": {}})(),  # type: ignore[arg-type]
                          ort.SessionOptions()) is None
+
+
+def next_is_learnt(trainer: SequenceTrainer) -> bool:
+    published = trainer.published
+    assert published is not None
+    codes = [trainer.codes[f"v{k}"] for k in range(4)]
+    with torch.no_grad():
+        state = published.tower.last_state(torch.tensor([codes]))[0]
+        logits = published.tower.item.weight[1:len(published.ids) + 1] @ state
+    return published.ids[int(logits.argmax())] == "v4"
+
+
+def test_a_worker_process_refits_and_a_dead_one_is_replaced() -> None:
+    """Online refits run in a child process (the GIL stays the trainer's): it learns as
+    the in-process fit does, goes on from its weights after a crash, and a stop kills
+    it rather than waiting for the refit."""
+    remote = RemoteFit(SMALL, seed=3)
+    trainer = SequenceTrainer(SMALL, seed=3, fitter=remote)
+    try:
+        trainer.add_views(cycle_views(24, 10))
+        assert trainer.refit() and next_is_learnt(trainer)
+        assert remote.steps > 0 and remote.warm is not None
+        assert remote._child is not None
+        crashed = remote._child
+        crashed.kill()  # a crashed worker is replaced at the next refit
+        crashed.wait(10)
+        trainer.add_views([("late", "v1")])
+        assert trainer.refit() and next_is_learnt(trainer)  # warm: from the last weights
+        assert remote._child is not None and remote._child.pid != crashed.pid
+        stop = threading.Event()
+        stop.set()
+        assert not trainer.refit(stop)
+        assert remote._child is None  # killed, not waited for
+    finally:
+        trainer.close()

@@ -28,7 +28,6 @@ from trainer.labels import Joiner, LabelPolicy
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.retrieval import RetrievalTrainer
-from trainer.sequence import SequenceTrainer
 from trainer.served import ServedJoin
 from trainer.stages.base import Batch, Checkpoint, Progress, Shared, Stage
 from trainer.stages.decode import Decode
@@ -36,7 +35,7 @@ from trainer.stages.export import Export
 from trainer.stages.join import Join
 from trainer.stages.rank import OnScored, Rank
 from trainer.stages.record import Record
-from trainer.stages.sequence import SequenceStage
+from trainer.stages.sequence import SequenceStage, sequence_stage
 from trainer.stages.towers import Towers
 from trainer.step import Trainer
 
@@ -127,8 +126,7 @@ def build(
         else None
     )
     sequence = (
-        SequenceStage(SequenceTrainer(settings.sequence, cfg.seed))
-        if settings.sequence.enabled else None
+        sequence_stage(settings.sequence, cfg.seed) if settings.sequence.enabled else None
     )
     served = (
         ServedJoin(

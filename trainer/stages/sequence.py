@@ -1,25 +1,38 @@
 """Sequence: the users' views for the sequence tower, and its refits (:mod:`trainer.sequence`).
 
 Runs after the record stage, like the towers: the views of a batch are
-added once it counts as trained. A refit takes seconds (ml-100k's 2,500
-windows, 6 passes: about 9 s of one core), so online it runs on a thread of
-its own and the trainer's thread only appends codes; in the evaluation's
-replay (``sequence.background`` off) a due refit runs when the export asks
-for the tower, so every figure is reproducible and point in time.
+added once it counts as trained. A refit takes seconds, so online a thread of
+this stage waits for it while a worker process trains
+(:mod:`trainer.sequence_worker`), and the trainer's thread only appends
+codes; in the evaluation's replay (``sequence.background`` off) a due refit
+runs in this process when the export asks for the tower, so every figure is
+reproducible and point in time.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
+from feature_store.settings import SequenceSettings
 from trainer.sequence import Published, SequenceTrainer
+from trainer.sequence_worker import RemoteFit
 from trainer.stages.base import Batch, Checkpoint
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 1.0
 """How often the refit thread looks whether a refit is due (seconds)."""
+FAILED_WAIT_S = 30.0
+"""How long the refit thread waits after a failed refit (a worker that cannot start is
+not started again every second)."""
+
+
+def sequence_stage(settings: SequenceSettings, seed: int) -> SequenceStage:
+    """The stage ``settings`` describe: refits in a worker process when in the background."""
+    fitter = RemoteFit(settings, seed) if settings.background else None
+    return SequenceStage(SequenceTrainer(settings, seed, fitter))
 
 
 class SequenceStage:
@@ -43,17 +56,17 @@ class SequenceStage:
         return batch
 
     def for_export(self) -> Published | None:
-        """The newest refit's tower. Refits first when one is due and none runs in the
-        background, or when there has been none yet (the first is quick: few views), so
-        the first version after the first views already carries a tower."""
-        if not self.background or self.trainer.published is None:
+        """The newest refit's tower (refit first when one is due and none runs in the
+        background)."""
+        if not self.background:
             self._refit()
         return self.trainer.published
 
     def _refits(self) -> None:
         while not self._stop.is_set():
+            failed = self.failed
             if not self._refit():
-                self._stop.wait(IDLE_WAIT_S)
+                self._stop.wait(FAILED_WAIT_S if self.failed > failed else IDLE_WAIT_S)
 
     def _refit(self) -> bool:
         """A due refit (False: none was due, or it failed)."""
@@ -63,6 +76,11 @@ class SequenceStage:
             self.failed += 1
             log.exception("sequence refit failed (%d so far)", self.failed)
             return False
+
+    def status(self) -> dict[str, Any]:
+        """The tower's figures (views, refits, the last loss and refit time) and failures."""
+        return {**self.trainer.status(), "failed_refits": self.failed,
+                "background": self.background}
 
     def save(self, checkpoint: Checkpoint) -> None:
         self.trainer.save(checkpoint.directory)
@@ -75,3 +93,4 @@ class SequenceStage:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        self.trainer.close()
