@@ -327,11 +327,13 @@ class ApiSettings(_Section):
     """Weight of the two-tower affinity (cosine, -1..1) in the ranking score, in
     log-probability units per unit of cosine; 0 ranks by the model alone. Chosen on
     validation queries of ml-100k, not the test split (``docs/retrieval.md``)."""
-    sequence_weight: float = Field(0.5, ge=0, le=100)
+    sequence_weight: float = Field(1.0, ge=0, le=100)
     """Weight of the sequence tower's logit (dot product of the user's state and the
     video's vector, ``sequence.enabled``) in the ranking score, in log-probability units
     per unit of logit: its log-softmax over the request's candidates, the same up to a
-    per-request constant. Chosen on ml-100k (``docs/retrieval.md``)."""
+    per-request constant. Chosen on ml-100k's leave-one-out questions cross-fitted
+    (the weight best on even user ids read on odd ones and vice versa: 1.0 and 1.5;
+    ``bench/screen_loo.py``, ``docs/benchmarks.md``)."""
     covisit_weight: float = Field(1.0, ge=0, le=100)
     """Weight of ``log1p(co-visitation count)`` in the ranking score, in log-probability
     units; the co-watch evidence the model's features do not carry directly. Chosen with
@@ -516,8 +518,11 @@ class SequenceSettings(_Section):
     ``negatives`` uniformly drawn videos instead of the whole catalog."""
     negatives: int = Field(4096, ge=1)
     background: bool = True
-    """Refit on a thread of its own (the online trainer); off, a due refit runs at the
-    export that finds it due (the evaluation's replay: deterministic, point in time)."""
+    """Refits (in a worker process either way) start when due and are published when
+    done (the online trainer). Off, the exports pace them: a due refit starts at an
+    export and is published at the next one whatever the machine's speed (the
+    evaluation's replay: reproducible, point in time, the worker training while the
+    replay goes on)."""
 
     @model_validator(mode="after")
     def _check_heads(self) -> SequenceSettings:

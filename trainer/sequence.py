@@ -167,6 +167,16 @@ class Published:
         return cls(tower.eval(), ids, fits, views)
 
 
+@dataclass(frozen=True)
+class Started:
+    """A refit under way: the views it reads (their count, the video of each code)."""
+
+    count: int
+    ids: tuple[str, ...]
+    at: float
+    """When it began (``time.perf_counter``)."""
+
+
 class SequenceTrainer:
     """The users' views and their codes, and the refits (see the module doc).
 
@@ -275,16 +285,27 @@ class SequenceTrainer:
             return self._refit(stop)
 
     def _refit(self, stop: threading.Event | None) -> bool:
-        started = time.perf_counter()
+        return self.finish(self.begin(), stop)
+
+    def begin(self) -> Started:
+        """Start a refit on the views so far (:meth:`finish` publishes it): a worker
+        trains while the caller goes on."""
         with self._lock:
             count, ids = self.count, tuple(self.ids)
             views = [v.tolist() for v in self.views.values()]
-        state = self.fitter.fit(views, len(ids), stop)
+        self.fitter.start(views, len(ids))
+        return Started(count, ids, time.perf_counter())
+
+    def finish(self, started: Started, stop: threading.Event | None = None) -> bool:
+        """Wait for the refit :meth:`begin` started and publish it; False when it had
+        nothing to train on or ``stop`` was set first."""
+        state = self.fitter.result(stop)
         if state is None:
             return False
-        self.fitted, self.fits = count, self.fits + 1
-        self.published = Published.of(state, self.settings, ids, self.fits, count)
-        self.refit_seconds = time.perf_counter() - started
+        self.fitted, self.fits = started.count, self.fits + 1
+        self.published = Published.of(state, self.settings, started.ids, self.fits,
+                                      started.count)
+        self.refit_seconds = time.perf_counter() - started.at
         return True
 
     def close(self) -> None:

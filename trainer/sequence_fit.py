@@ -43,6 +43,14 @@ class Fitter(Protocol):
         the new weights, or None (nothing to train on, or ``stop`` set meanwhile)."""
         ...
 
+    def start(self, views: Sequence[Sequence[int]], items: int) -> None:
+        """Begin :meth:`fit` (a worker trains meanwhile; in this process, at :meth:`result`)."""
+        ...
+
+    def result(self, stop: threading.Event | None = None) -> State | None:
+        """What the refit :meth:`start` began gives (as :meth:`fit`)."""
+        ...
+
     def load(self, state: State) -> None:
         """Go on from ``state`` (a checkpoint's weights; fresh optimizer moments)."""
         ...
@@ -62,6 +70,14 @@ class TowerFit:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.learning_rate)
         self.steps = 0
         self.last_loss = math.nan
+        self._started: tuple[Sequence[Sequence[int]], int] | None = None
+
+    def start(self, views: Sequence[Sequence[int]], items: int) -> None:
+        self._started = (views, items)
+
+    def result(self, stop: threading.Event | None = None) -> State | None:
+        started, self._started = self._started, None
+        return None if started is None else self.fit(*started, stop)
 
     def fit(self, views: Sequence[Sequence[int]], items: int,
             stop: threading.Event | None = None) -> State | None:

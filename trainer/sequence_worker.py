@@ -1,4 +1,4 @@
-"""Refits of the sequence tower in a child process (``python -m trainer.sequence_worker``).
+"""Refits of the sequence tower in a child process (:func:`main`, started by :class:`RemoteFit`).
 
 Why a process: a refit is seconds of small torch operations, mostly Python
 glue that holds the GIL. On a thread it would take the GIL from the trainer's
@@ -98,10 +98,22 @@ class RemoteFit:
 
     def fit(self, views: Sequence[Sequence[int]], items: int,
             stop: threading.Event | None = None) -> State | None:
+        self.start(views, items)
+        return self.result(stop)
+
+    def start(self, views: Sequence[Sequence[int]], items: int) -> None:
+        """Send a refit to the child (started if need be); :meth:`result` waits for it."""
         child = self._running()
         lengths, flat = pack(views)
-        reply = self._ask(child, {"op": "fit", "lengths": lengths, "flat": flat,
-                                  "items": items}, stop)
+        self._send(child, {"op": "fit", "lengths": lengths, "flat": flat, "items": items})
+
+    def result(self, stop: threading.Event | None = None) -> State | None:
+        """The weights of the refit :meth:`start` sent; None when it had nothing to train
+        on, or ``stop`` was set first (the child is killed)."""
+        child = self._child
+        if child is None:
+            raise WorkerFailed("no refit under way")
+        reply = self._wait(child, stop)
         if reply is None:
             return None
         self.steps, self.last_loss = int(reply["steps"]), float(reply["loss"])
@@ -114,7 +126,8 @@ class RemoteFit:
     def load(self, state: State) -> None:
         self.warm = state
         if self._child is not None and self._child.poll() is None:
-            self._ask(self._child, {"op": "load", "state": state}, None)
+            self._send(self._child, {"op": "load", "state": state})
+            self._wait(self._child, None)
 
     def close(self) -> None:
         """Kill the child (it may be minutes into a refit) and close its pipes."""
@@ -134,21 +147,30 @@ class RemoteFit:
             return child
         self.close()  # a child that died: its pipes
         child = self._child = subprocess.Popen(
-            [sys.executable, "-m", "trainer.sequence_worker",
+            # -c, not -m: the package's import already loads this module (runpy warns).
+            [sys.executable, "-c", "from trainer.sequence_worker import main; main()",
              self.settings.model_dump_json(), str(self.seed)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         if self.warm is not None:
-            self._ask(child, {"op": "load", "state": self.warm}, None)
+            self._send(child, {"op": "load", "state": self.warm})
+            self._wait(child, None)
         return child
 
-    def _ask(self, child: subprocess.Popen[bytes], message: dict[str, Any],
-             stop: threading.Event | None) -> dict[str, Any] | None:
-        """``message``'s reply; None when ``stop`` was set first (the child is killed: it
-        may be minutes into a refit)."""
-        assert child.stdin is not None and child.stdout is not None
+    def _send(self, child: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+        assert child.stdin is not None
         try:
             send(child.stdin, message)
+        except OSError as exc:
+            self.close()
+            raise WorkerFailed(f"the refit worker failed: {exc}") from exc
+
+    def _wait(self, child: subprocess.Popen[bytes],
+              stop: threading.Event | None) -> dict[str, Any] | None:
+        """The child's reply; None when ``stop`` was set first (the child is killed: it may
+        be minutes into a refit)."""
+        assert child.stdout is not None
+        try:
             while not select.select([child.stdout], [], [], POLL_S)[0]:
                 if stop is not None and stop.is_set():
                     self.close()

@@ -131,9 +131,20 @@ def status(service: ServiceDep) -> dict[str, Any]:
             "training_position": model.manifest.training_position,
         }
     out["retrieval"] = {"index": index_status(model)}
+    out["sequence"] = sequence_status(model)
     if service.trainer is not None:
         out["trainer"] = _safe(service.trainer.status)
     return out
+
+
+def sequence_status(model: Any) -> dict[str, Any] | None:
+    """The served version's sequence tower: videos it has a vector for, views it reads,
+    refits behind its weights (None: the version has none)."""
+    if model is None or model.sequence is None:
+        return None
+    described = model.manifest.extra.get("sequence", {})
+    return {"videos": len(model.sequence.codes), "max_len": model.sequence.max_len,
+            "fits": described.get("fits")}
 
 
 def _safe(fn: Any) -> Any:

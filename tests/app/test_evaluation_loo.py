@@ -26,7 +26,7 @@ from app.evaluation.feed import (
 )
 from app.evaluation.metrics import moments, rank_in
 from app.evaluation.report import random_ranking, text_table
-from app.evaluation.results import MF_ROW, RANKER_ROW, SEQUENCE_ROW, EvalResult
+from app.evaluation.results import MF_ROW, RANKER_ROW, EvalResult
 from app.evaluation.runner import whole_catalog
 from app.wiring import eval_trainers
 from feature_store.errors import InvalidInput
@@ -134,7 +134,7 @@ def test_loo_feed_has_one_timed_out_negative_per_replayed_view(loo: EvalResult) 
 
 def test_loo_baselines_rank_the_same_candidates(loo: EvalResult) -> None:
     names = [m.name for m in loo.models]
-    assert names[:7] == ["online Wide&Deep", RANKER_ROW, SEQUENCE_ROW, "popularity",
+    assert names[:6] == ["online Wide&Deep", RANKER_ROW, "popularity",
                          "recent popularity (7 d)", "co-occurrence", MF_ROW]
     random_hr, _ = random_ranking(100, 10)
     assert random_hr == pytest.approx(0.1)
@@ -143,7 +143,7 @@ def test_loo_baselines_rank_the_same_candidates(loo: EvalResult) -> None:
     assert co.recall > 3 * random_hr
     assert co.recall > loo.model("popularity").recall
     assert 0.0 < co.ndcg <= co.recall
-    for model in loo.models[:7]:
+    for model in loo.models[:6]:
         assert 0.0 <= model.ndcg <= model.recall <= 1.0
     assert np.isnan(co.auc_test)  # ranks candidates only: no sample scores
 
@@ -162,7 +162,6 @@ def test_ranker_alone_orders_the_service_candidates_by_probability(loo: EvalResu
     random_hr, _ = random_ranking(100, 10)
     assert 0.0 < ranker.ndcg <= ranker.recall <= 1.0
     assert ranker.recall > random_hr  # the trained model, not the candidates' random order
-
 
 
 def test_without_implicit_the_baseline_is_skipped_with_a_message(

@@ -109,6 +109,8 @@ def trained(
         for start in range(0, EVENTS, 2000):
             service.resources.event_log.produce(events[start : start + 2000])
         wait_for(lambda: service.trainer.status()["events_total"] >= EVENTS, timeout_s=300)
+        # The version carries the sequence tower: the ranking's fourth term is on below.
+        wait_for(lambda: service.trainer.status()["sequence"]["fits"] >= 1, timeout_s=300)
         version = service.trainer.export_now(activate=True)
         wait_for(lambda: service.model is not None and service.model.version == version,
                  timeout_s=60)
@@ -291,6 +293,8 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     explained = response["explanation"]
     assert explained["fusion"] == {"engagement": 1.0} and explained["candidates"] > 10
     assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.0
+    assert explained["sequence_weight"] == 1.0
+    assert trained.client.get("/v1/status", headers=KEY).json()["sequence"]["fits"] >= 1
     rankings = []
     for item in response["items"]:
         why = item["explanation"]
@@ -310,6 +314,8 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
         if not why["rerank"]["explored"]:
             rankings.append(why["ranking"])
     assert rankings == sorted(rankings, reverse=True)  # the sort key, exploration aside
+    # The sequence tower reads this user's views: its term orders the items too.
+    assert min(item["explanation"]["sequence_bonus"] for item in response["items"]) < 0
     plain = trained.client.post("/v1/recommend", json={**body, "explain": False}).json()
     assert plain["explanation"] is None and plain["items"][0]["explanation"] is None
 

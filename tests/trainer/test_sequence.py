@@ -207,3 +207,22 @@ def test_a_worker_process_refits_and_a_dead_one_is_replaced() -> None:
         assert remote._child is None  # killed, not waited for
     finally:
         trainer.close()
+
+
+def test_the_exports_pace_the_refits_when_not_in_the_background() -> None:
+    """``vidrec eval``: a due refit starts at an export and is published at the next one,
+    whatever the machine's speed (reproducible figures)."""
+    from trainer.stages.sequence import SequenceStage
+
+    paced = SMALL.model_copy(update={"background": False, "min_refit": 50})
+    stage = SequenceStage(SequenceTrainer(paced, seed=3))
+    stage.trainer.add_views(cycle_views(24, 10))
+    assert stage.for_export() is None  # started at this export...
+    first = stage.for_export()  # ...published at the next
+    assert first is not None and first.views == 240 and first.fits == 1
+    stage.trainer.add_views([(f"n{i}", f"v{i % VIDEOS}") for i in range(60)])
+    assert stage.for_export() is first  # the refit started now is the next export's
+    second = stage.for_export()
+    assert second is not None and second.views == 300 and second.fits == 2
+    assert stage.for_export() is second  # nothing new: nothing started
+    stage.close()

@@ -1,12 +1,13 @@
 """Sequence: the users' views for the sequence tower, and its refits (:mod:`trainer.sequence`).
 
 Runs after the record stage, like the towers: the views of a batch are
-added once it counts as trained. A refit takes seconds, so online a thread of
-this stage waits for it while a worker process trains
-(:mod:`trainer.sequence_worker`), and the trainer's thread only appends
-codes; in the evaluation's replay (``sequence.background`` off) a due refit
-runs in this process when the export asks for the tower, so every figure is
-reproducible and point in time.
+added once it counts as trained. A refit takes seconds and runs in a worker
+process (:mod:`trainer.sequence_worker`); the trainer's thread only appends
+codes. Online (``sequence.background``) a thread of this stage starts each
+refit when it is due and publishes it when done. In the evaluation's replay
+(off) the exports pace the refits: a due refit starts at an export and is
+published at the next one, whatever the machine's speed, so every figure is
+reproducible and point in time, and the worker trains while the replay goes on.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 from typing import Any
 
 from feature_store.settings import SequenceSettings
-from trainer.sequence import Published, SequenceTrainer
+from trainer.sequence import Published, SequenceTrainer, Started
 from trainer.sequence_worker import RemoteFit
 from trainer.stages.base import Batch, Checkpoint
 
@@ -30,9 +31,8 @@ not started again every second)."""
 
 
 def sequence_stage(settings: SequenceSettings, seed: int) -> SequenceStage:
-    """The stage ``settings`` describe: refits in a worker process when in the background."""
-    fitter = RemoteFit(settings, seed) if settings.background else None
-    return SequenceStage(SequenceTrainer(settings, seed, fitter))
+    """The stage ``settings`` describe, its refits in a worker process."""
+    return SequenceStage(SequenceTrainer(settings, seed, RemoteFit(settings, seed)))
 
 
 class SequenceStage:
@@ -42,6 +42,8 @@ class SequenceStage:
         self.trainer = trainer
         self.background = trainer.settings.background
         self.failed = 0
+        self._pending: Started | None = None
+        """Paced by the exports: the refit the last export started."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -56,11 +58,22 @@ class SequenceStage:
         return batch
 
     def for_export(self) -> Published | None:
-        """The newest refit's tower (refit first when one is due and none runs in the
-        background)."""
+        """The newest refit's tower. Paced by the exports (not in the background): the
+        refit the last export started is published first, and a due one started."""
         if not self.background:
-            self._refit()
+            self._pace()
         return self.trainer.published
+
+    def _pace(self) -> None:
+        try:
+            pending, self._pending = self._pending, None
+            if pending is not None:
+                self.trainer.finish(pending, self._stop)
+            if self.trainer.due():
+                self._pending = self.trainer.begin()
+        except Exception:  # a bug must not stop the ranker; the next export tries again
+            self.failed += 1
+            log.exception("sequence refit failed (%d so far)", self.failed)
 
     def _refits(self) -> None:
         while not self._stop.is_set():
