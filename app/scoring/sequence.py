@@ -14,6 +14,7 @@ the exploration budget's business, not buried here).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
 
 import numpy as np
 import numpy.typing as npt
@@ -62,7 +63,7 @@ class SequenceModel:
             return None
         feed = sequence_io.left_padded([mine], self.max_len)
         (state,) = self.session.run([sequence_io.STATE], {sequence_io.CODES: feed})
-        rows = np.fromiter((self.codes.get(v, 0) for v in ids), np.int64, len(ids))
+        rows = np.fromiter(map(self.codes.get, ids, repeat(0)), np.int64, len(ids))
         known = rows > 0
         if not known.any():
             return None
