@@ -144,12 +144,13 @@ def main() -> None:
     p.add_argument("--full-ranking", action="store_true")
     p.add_argument("--dump", type=Path, default=None, help="per-question arrays (.npz)")
     p.add_argument("--limit", type=int, default=None, help="first events only (a smoke run)")
+    p.add_argument("--catalog", type=Path, default=None, help="videos of a CSV dataset")
     args = p.parse_args()
     rankings: list[dict[str, Any]] = []
     record_rankings(rankings)
     cfg = runner.EvalConfig(args.dataset, protocol="loo", negatives=1, progress=False,
                             settings=json.loads(args.settings), full_ranking=args.full_ranking,
-                            limit=args.limit)
+                            limit=args.limit, catalog=args.catalog)
     cpu, wall = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vidrec-screen-") as tmp:
         stream, settings, queries = runner.prepare(cfg, Path(tmp))
