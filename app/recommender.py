@@ -238,7 +238,7 @@ class Recommender:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
-        ordered = model.sequence.logits(history, found.ids) if model.sequence else None
+        ordered = _sequence_logits(model, history, found.ids)
         ranked = self._rank(
             request, query, found, scores, (affinity, ordered), count, model, fusion,
             (new, reference), feedback,
@@ -482,6 +482,18 @@ class Found(NamedTuple):
     rows: Indices
     pool: Pool
     """The pool they came from (every proposer, the co-visitation counts)."""
+
+
+def _sequence_logits(
+    model: LoadedModel, history: Sequence[HistoryEntry], ids: Sequence[str]
+) -> np.ndarray | None:
+    """The sequence tower's logits times its learnt weight (None: no tower, no known view,
+    or a weight of 0)."""
+    tower = model.sequence
+    if tower is None or not tower.weight:
+        return None
+    logits = tower.logits(history, ids)
+    return None if logits is None else logits * tower.weight
 
 
 def _nearest(

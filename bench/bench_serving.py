@@ -222,7 +222,7 @@ def with_sequence(
         for each in writers:
             each(directory)
 
-    described = sequence_io.describe(quick.max_len, quick.dim, published.fits)
+    described = sequence_io.describe(quick.max_len, quick.dim, published.fits, 1.0)
     return {**extra, sequence_io.MANIFEST_KEY: described}, (names, write)
 
 

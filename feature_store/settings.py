@@ -328,12 +328,11 @@ class ApiSettings(_Section):
     log-probability units per unit of cosine; 0 ranks by the model alone. Chosen on
     validation queries of ml-100k, not the test split (``docs/retrieval.md``)."""
     sequence_weight: float = Field(1.0, ge=0, le=100)
-    """Weight of the sequence tower's logit (dot product of the user's state and the
-    video's vector, ``sequence.enabled``) in the ranking score, in log-probability units
-    per unit of logit: its log-softmax over the request's candidates, the same up to a
-    per-request constant. Chosen on ml-100k's leave-one-out questions cross-fitted
-    (the weight best on even user ids read on odd ones and vice versa: 1.0 and 1.5;
-    ``bench/screen_loo.py``, ``docs/benchmarks.md``)."""
+    """Multiplier of the sequence tower's term in the ranking score (``sequence.enabled``):
+    the term is this times the weight the trainer learns for the tower's logit
+    (``trainer/sequence_weight.py``: the tower's logit in units of the ranker's log-odds,
+    fit on the stream) times ``logit - best logit`` over the request's candidates.
+    1.0: as learnt; 0: the term off."""
     covisit_weight: float = Field(1.0, ge=0, le=100)
     """Weight of ``log1p(co-visitation count)`` in the ranking score, in log-probability
     units; the co-watch evidence the model's features do not carry directly. Chosen with

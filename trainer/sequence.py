@@ -158,13 +158,15 @@ class Published:
     fits: int
     views: int
     """Views the refit trained on."""
+    weight: float = 0.0
+    """How much the ranking should trust the tower's logit (:mod:`trainer.sequence_weight`)."""
 
     @classmethod
     def of(cls, state: dict[str, Tensor], settings: SequenceSettings, ids: tuple[str, ...],
-           fits: int, views: int) -> Published:
+           fits: int, views: int, weight: float = 0.0) -> Published:
         tower = SequenceTower(state["item.weight"].shape[0] - 1, settings)
         tower.load_state_dict(state)
-        return cls(tower.eval(), ids, fits, views)
+        return cls(tower.eval(), ids, fits, views, weight)
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,10 @@ class SequenceTrainer:
     def __init__(self, settings: SequenceSettings, seed: int = 0,
                  fitter: Fitter | None = None) -> None:
         from trainer.sequence_fit import TowerFit  # it imports this module's network
+        from trainer.sequence_weight import FusionWeight
 
         self.settings = settings
+        self.fusion = FusionWeight(settings.max_len)
         self.fitter: Fitter = fitter if fitter is not None else TowerFit(settings, seed)
         self.codes: dict[str, int] = {}
         self.ids: list[str] = []
@@ -212,7 +216,15 @@ class SequenceTrainer:
         """Append the chosen videos of ``samples`` to their users' views; returns how many.
 
         A video the user chose before moves to the end (the history the service reads
-        holds one entry per video, at its newest touch)."""
+        holds one entry per video, at its newest touch). Every labelled sample with the
+        ranker's score of its moment is kept first, with the user's views before it, for
+        the fusion weight (:mod:`trainer.sequence_weight`)."""
+        with self._lock:
+            for s in samples:
+                code = self.codes.get(s.event.video_id, 0)
+                mine = self.views.get(s.event.user_id)
+                if code and mine and s.weight > 0:
+                    self.fusion.keep(mine, code, s.label, s.score)
         return self.add_views([
             (s.event.user_id, s.event.video_id) for s in samples
             if s.label > 0 and s.weight > 0 and s.event.type in CHOSEN
@@ -302,9 +314,13 @@ class SequenceTrainer:
         state = self.fitter.result(stop)
         if state is None:
             return False
+        with self._lock:
+            kept = self.fusion.take()
+        serving = self.published
+        weight = self.fusion.update(None if serving is None else serving.tower, kept)
         self.fitted, self.fits = started.count, self.fits + 1
         self.published = Published.of(state, self.settings, started.ids, self.fits,
-                                      started.count)
+                                      started.count, weight)
         self.refit_seconds = time.perf_counter() - started.at
         return True
 
@@ -316,7 +332,8 @@ class SequenceTrainer:
     def status(self) -> dict[str, Any]:
         return {"views": self.count, "users": len(self.views), "videos": len(self.ids),
                 "fits": self.fits, "fitted_views": self.fitted, "steps": self.fitter.steps,
-                "loss": self.fitter.last_loss, "refit_s": round(self.refit_seconds, 3)}
+                "loss": self.fitter.last_loss, "refit_s": round(self.refit_seconds, 3),
+                "weight": round(self.fusion.weight, 4), "weight_fit": self.fusion.last}
 
     def save(self, directory: Path) -> None:
         """The published network (not the one a refit may be training), the codes and the
@@ -331,7 +348,8 @@ class SequenceTrainer:
         published = self.published
         torch.save({"model": None if published is None else published.tower.state_dict(),
                     "ids_known": len(published.ids) if published else 0,
-                    "fits": self.fits, "fitted": self.fitted, "count": count},
+                    "fits": self.fits, "fitted": self.fitted, "count": count,
+                    "weight": self.fusion.weight},
                    directory / STATE_FILE)
         np.savez(directory / VIEWS_FILE, lengths=lengths, flat=flat)
         (directory / INDEX_FILE).write_text(json.dumps({"users": users, "ids": ids}))
@@ -356,9 +374,11 @@ class SequenceTrainer:
         if state["model"] is None:
             return True
         try:
+            self.fusion.weight = float(state.get("weight", 0.0))
             published = Published.of(state["model"], self.settings,
                                      tuple(self.ids[: int(state["ids_known"])]),
-                                     int(state["fits"]), int(state["fitted"]))
+                                     int(state["fits"]), int(state["fitted"]),
+                                     self.fusion.weight)
         except RuntimeError as exc:
             log.warning("sequence checkpoint does not fit the tower (%s); afresh", exc)
             return False

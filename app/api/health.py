@@ -144,7 +144,7 @@ def sequence_status(model: Any) -> dict[str, Any] | None:
         return None
     described = model.manifest.extra.get("sequence", {})
     return {"videos": len(model.sequence.codes), "max_len": model.sequence.max_len,
-            "fits": described.get("fits")}
+            "fits": described.get("fits"), "weight": model.sequence.weight}
 
 
 def _safe(fn: Any) -> Any:

@@ -38,9 +38,12 @@ class SequenceModel:
 
     def __init__(
         self, version: str, session: ort.InferenceSession, items: npt.NDArray[np.float32],
-        ids: Sequence[str], max_len: int,
+        ids: Sequence[str], max_len: int, weight: float = 1.0,
     ) -> None:
         self.version = version
+        self.weight = weight
+        """The ranking's learnt weight of the logit (``trainer/sequence_weight.py``), times
+        ``api.sequence_weight``."""
         self.session = session
         self.items = items
         self.codes = {video: i + 1 for i, video in enumerate(ids)}
@@ -104,4 +107,4 @@ def load_sequence(
         raise SequenceLoadError(f"version {version}: cannot load the sequence tower: {exc}"
                                 ) from exc
     return SequenceModel(version, session, np.ascontiguousarray(items, np.float32), ids,
-                         int(described["max_len"]))
+                         int(described["max_len"]), float(described.get("weight", 1.0)))

@@ -12,8 +12,9 @@ A version with a sequence tower carries, beside ``model.onnx``:
   ``items[code - 1] @ state``;
 - ``sequence_ids.txt``: N lines, the video of each code.
 
-The manifest's ``extra["sequence"]`` holds ``max_len``, ``dim`` and how many
-refits the weights had (:func:`describe`).
+The manifest's ``extra["sequence"]`` holds ``max_len``, ``dim``, how many
+refits the weights had and the ranking's learnt ``weight`` of the tower's
+logit (:func:`describe`, ``trainer/sequence_weight.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ PAD = 0
 """The code of an empty slot (no video)."""
 
 
-def describe(max_len: int, dim: int, fits: int) -> dict[str, Any]:
+def describe(max_len: int, dim: int, fits: int, weight: float) -> dict[str, Any]:
     """What a manifest says of the version's sequence tower."""
-    return {"max_len": max_len, "dim": dim, "fits": fits}
+    return {"max_len": max_len, "dim": dim, "fits": fits, "weight": weight}
 
 
 def left_padded(rows: Sequence[Sequence[int]], length: int) -> npt.NDArray[np.int64]:

@@ -226,3 +226,41 @@ def test_the_exports_pace_the_refits_when_not_in_the_background() -> None:
     assert second is not None and second.views == 300 and second.fits == 2
     assert stage.for_export() is second  # nothing new: nothing started
     stage.close()
+
+
+def test_logistic_regression_recovers_its_coefficients() -> None:
+    from trainer.sequence_weight import logistic
+
+    rng = np.random.default_rng(0)
+    x = np.column_stack([np.ones(20_000), rng.normal(size=20_000), rng.normal(size=20_000)])
+    y = (rng.random(20_000) < 1 / (1 + np.exp(-(x @ [-0.5, 1.5, 0.7])))).astype(float)
+    np.testing.assert_allclose(logistic(x, y), [-0.5, 1.5, 0.7], atol=0.08)
+
+
+def test_the_fusion_weight_follows_what_the_tower_adds(fitted: SequenceTrainer) -> None:
+    """A tower that knows the next view beside a ranker that does not gets weight; one
+    whose logits the labels ignore, beside a ranker that knows them, gets about none."""
+    from trainer.sequence_weight import FusionWeight
+
+    published = fitted.published
+    assert published is not None
+    rng = np.random.default_rng(1)
+    useful, useless = FusionWeight(SMALL.max_len), FusionWeight(SMALL.max_len)
+    for _ in range(600):
+        start = int(rng.integers(VIDEOS))
+        views = [fitted.codes[f"v{(start + k) % VIDEOS}"] for k in range(4)]
+        follows = bool(rng.random() < 0.5)
+        nxt = (start + 4) % VIDEOS if follows else int(rng.integers(VIDEOS))
+        label = 1.0 if follows else 0.0
+        code = fitted.codes[f"v{nxt}"]
+        useful.keep(views, code, label, 0.5 + 0.1 * rng.normal())  # the ranker: nothing
+        coin = float(rng.random() < 0.5)
+        useless.keep(views, code, coin, 0.2 + 0.6 * coin)  # the ranker knows; the tower not
+    assert useful.update(published.tower, useful.take()) > 0.2
+    assert useless.update(published.tower, useless.take()) < 0.05
+    assert useful.update(None, []) == useful.weight  # no serving tower: unchanged
+    # Videos coded after the serving tower's refit are unknown to it, not an error.
+    late = FusionWeight(SMALL.max_len)
+    for i in range(300):
+        late.keep([1, 2, 5000], 5001 if i % 2 else 3, float(i % 3 == 0), 0.4)
+    late.update(published.tower, late.take())

@@ -109,7 +109,7 @@ class Export:
             names += sequence_io.ARTIFACTS
             writers.append(sequence_writer(published, max_len))
             extra[sequence_io.MANIFEST_KEY] = sequence_io.describe(
-                max_len, published.tower.dim, published.fits
+                max_len, published.tower.dim, published.fits, published.weight
             )
         artifacts = (names, _all(writers)) if writers else None
         with self.shared.lock:
