@@ -166,7 +166,7 @@ def test_the_registry_version_serves_the_tower(fitted: SequenceTrainer, tmp_path
     directory.mkdir()
     writer(published, SMALL.max_len)(directory)
     manifest = type("M", (), {"version": version, "extra": {
-        sequence_io.MANIFEST_KEY: sequence_io.describe(SMALL.max_len, SMALL.dim, 1)}})()
+        sequence_io.MANIFEST_KEY: sequence_io.describe(SMALL.max_len, SMALL.dim, 1, 1.0)}})()
     registry.artifact_path = lambda _v, name: directory / name  # type: ignore[method-assign]
     model = load_sequence(registry, manifest, ort.SessionOptions())  # type: ignore[arg-type]
     assert model is not None and model.max_len == SMALL.max_len
