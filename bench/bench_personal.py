@@ -324,6 +324,16 @@ def taste_figures(rows: list[dict[str, Any]], key: str) -> dict[str, float]:
             "cross_entropy": round(float(np.mean(entropy)), 4)}
 
 
+def sequence_tower(service: Any) -> dict[str, Any] | None:
+    """The served sequence tower's refits and learnt weight (``trainer/sequence_weight.py``),
+    from the trainer's status (None: no embedded trainer, or the tower is off)."""
+    trainer = service.trainer
+    status = trainer.status().get("sequence") if trainer is not None else None
+    if not status:
+        return None
+    return {k: status.get(k) for k in ("views", "fits", "weight", "weight_fit", "failed_refits")}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -361,6 +371,7 @@ def main() -> int:
             opposite = probe_opposite(client, service, demo)
             new_videos = probe_new_videos(client, service, opposite)
             tastes = probe_new_video_tastes(client, service, demo)
+            sequence = sequence_tower(service)
     finally:
         for svc in services:
             svc.stop()
@@ -374,6 +385,7 @@ def main() -> int:
         "opposite_tastes": opposite,
         "new_videos": new_videos,
         "new_video_tastes": tastes,
+        "sequence_tower": sequence,
         "machine": f"{cpu_model(platform.machine())}, {os.cpu_count()} cores",
         "load_average_at_start": os.getloadavg()[0],
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),

@@ -53,6 +53,14 @@ Figures (ml-100k, 943 questions, the defaults, 2026-11-28, shared 2-core machine
 0.6129 / 0.3535 (seed 1: 0.6161 / 0.3564), +0.034 / +0.037 of HR@10 over the service paired
 (one standard error 0.013-0.014); the random-items control 0.1007 alone and +0.003 fused.
 About 300 s of CPU (one thread), 95% of it the 33 refits.
+
+Those figures were measured with this script's own copy of the network (its
+attention ``nn.MultiheadAttention``); the network is now the service's,
+:class:`trainer.sequence.SequenceTower` (the same attention written out for
+the ONNX export, initialised differently), so a run today differs by the
+seed's spread (0.57-0.60 alone on four runs). Since the tower is built in,
+the dump's service scores include its term (``api.sequence_weight``): the
+"service" here is no longer the pooled-history service.
 """
 
 from __future__ import annotations
@@ -72,13 +80,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
-from torch import nn
 from torch.nn import functional
 
 from app.evaluation import runner
 from app.evaluation.feed import IMPRESSION_LEAD_MS, POSITIVE_TYPES, Sampler, touched_by_user
 from app.scoring.ranking import fuse, ranking_bonus
 from feature_store.events import Event
+from feature_store.models.sequence_io import left_padded
+from feature_store.settings import SequenceSettings
+from trainer.sequence import SequenceTower, windows
 
 K = 10
 Ints = npt.NDArray[np.int64]
@@ -117,86 +127,14 @@ class TowerParams:
     """Views between refits at least (the first fits: a tenth of a few views is none)."""
 
 
-class Block(nn.Module):
-    """Pre-norm causal self-attention and a position-wise feed-forward, residual both."""
-
-    def __init__(self, dim: int, heads: int, dropout: float) -> None:
-        super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, dropout=dropout, batch_first=True)
-        self.norm2 = nn.LayerNorm(dim)
-        self.ff = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Dropout(dropout),
-                                nn.Linear(dim, dim), nn.Dropout(dropout))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.norm1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.ff(self.norm2(x))
-
-
-class Tower(nn.Module):
-    """SASRec: left-padded sequences of item codes (0: padding) to one state per position."""
-
-    def __init__(self, items: int, p: TowerParams) -> None:
-        super().__init__()
-        self.p = p
-        self.item = nn.Embedding(items + 1, p.dim, padding_idx=0)
-        self.pos = nn.Embedding(p.max_len, p.dim)
-        self.drop = nn.Dropout(p.dropout)
-        self.blocks = nn.ModuleList(Block(p.dim, p.heads, p.dropout) for _ in range(p.blocks))
-        self.norm = nn.LayerNorm(p.dim)
-        nn.init.normal_(self.item.weight, std=p.dim ** -0.5)
-        with torch.no_grad():
-            self.item.weight[0].zero_()
-
-    def forward(self, seq: torch.Tensor) -> torch.Tensor:
-        length = seq.shape[1]
-        pad = seq == 0
-        x = self.item(seq) * math.sqrt(self.p.dim) + self.pos.weight[-length:]
-        x = self.drop(x) * (~pad).unsqueeze(-1)
-        # A query attends to itself and the real views before it (never a later one, never
-        # a padding slot); a padding slot attends only to itself, so no row is empty.
-        ahead = torch.triu(torch.ones(length, length, dtype=torch.bool), 1)
-        mask = ahead.unsqueeze(0) | pad.unsqueeze(1)
-        mask = mask & ~torch.eye(length, dtype=torch.bool).unsqueeze(0)
-        mask = mask.repeat_interleave(self.p.heads, 0)
-        for block in self.blocks:
-            x = block(x, mask) * (~pad).unsqueeze(-1)
-        return self.norm(x)
-
-    def logits(self, states: torch.Tensor) -> torch.Tensor:
-        """Scores of every item (column ``i`` is code ``i + 1``) for each state."""
-        return states @ self.item.weight[1:].T
-
-
-def windows(views: Sequence[int], max_len: int) -> list[tuple[list[int], list[int]]]:
-    """One user's views as (inputs, next views) windows of at most ``max_len``, newest
-    first; every view but the first is a target once."""
-    out = []
-    end = len(views)
-    while end > 1:
-        start = max(0, end - max_len - 1)
-        seg = list(views[start:end])
-        out.append((seg[:-1], seg[1:]))
-        end = start + 1 if start > 0 else 0
-    return out
-
-
-def left_pad(rows: Sequence[Sequence[int]], length: int) -> torch.Tensor:
-    out = np.zeros((len(rows), length), dtype=np.int64)
-    for i, row in enumerate(rows):
-        if row:
-            out[i, length - len(row):] = row[-length:]
-    return torch.from_numpy(out)
-
-
 class Trainer:
     """The tower, its optimiser and the views it may read (those appended so far)."""
 
     def __init__(self, items: int, p: TowerParams, seed: int) -> None:
         torch.manual_seed(seed)
         self.p = p
-        self.model = Tower(items, p)
+        self.model = SequenceTower(items, SequenceSettings(
+            dim=p.dim, blocks=p.blocks, heads=p.heads, max_len=p.max_len, dropout=p.dropout))
         self.opt = torch.optim.Adam(self.model.parameters(), lr=p.lr)
         self.rng = np.random.default_rng(seed)
         self.views: dict[int, list[int]] = {}
@@ -224,10 +162,11 @@ class Trainer:
 
     def _step(self, chunk: list[tuple[list[int], list[int]]]) -> None:
         length = max(len(x) for x, _ in chunk)
-        seq = left_pad([x for x, _ in chunk], length)
-        target = left_pad([y for _, y in chunk], length)
+        seq = torch.from_numpy(left_padded([x for x, _ in chunk], length))
+        target = torch.from_numpy(left_padded([y for _, y in chunk], length))
         states = self.model(seq)[target > 0]
-        loss = functional.cross_entropy(self.model.logits(states), target[target > 0] - 1)
+        logits = states @ self.model.item.weight[1:].T
+        loss = functional.cross_entropy(logits, target[target > 0] - 1)
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
@@ -241,7 +180,8 @@ class Trainer:
         if not mine:
             return np.zeros(len(candidates))
         self.model.eval()
-        state = self.model(left_pad([mine[-self.p.max_len:]], min(len(mine), self.p.max_len)))
+        length = min(len(mine), self.p.max_len)
+        state = self.model(torch.from_numpy(left_padded([mine[-length:]], length)))
         last = state[0, -1]
         emb = self.model.item.weight[torch.from_numpy(candidates)]
         return (emb @ last).double().numpy()
