@@ -8,18 +8,22 @@ over windows of ``max_len`` views (every position predicts the view after
 it, a softmax over the catalog: Kang and McAuley, 2018), warm-started from
 the last refit. Screened on ml-100k point in time before it was built in
 (``bench/seq_tower_screen.py``): alone it beat the service's final ranking
-(HR@10 0.60 against 0.58), fused +0.034.
+(HR@10 0.60 against 0.58), fused +0.034; built in, ml-100k's final ranking went
+from 0.5811 to 0.6108 (``docs/benchmarks.md``, *The sequence tower built in*).
 
 Point in time by construction: a refit reads the views trained so far, and
 the service encodes the views its own history holds at the request.
 
 The item embedding is tied: the state at a position is scored against the
 item vectors, and those vectors are what an export writes for the service
-(:mod:`feature_store.models.sequence_io`). Threads: :meth:`SequenceTrainer.add`
-runs on the trainer's thread, :meth:`SequenceTrainer.refit` on the refit
-thread (or the export's, ``sequence.background`` off); the views and codes
-are guarded by a lock, the network is only ever touched by the refit, and an
-export reads :attr:`SequenceTrainer.published`, a copy made after each refit.
+(:mod:`feature_store.models.sequence_io`). Where things run:
+:meth:`SequenceTrainer.add` on the trainer's thread; a refit's training in a
+worker process (:mod:`trainer.sequence_worker`, the network and its
+optimizer live there), sent and collected by the stage's refit thread (or by
+the exports, ``sequence.background`` off); the views and codes are guarded
+by a lock, and an export reads :attr:`SequenceTrainer.published`, the
+weights of the newest refit. The ranking's weight of the tower's logit is
+learnt here too (:mod:`trainer.sequence_weight`).
 """
 
 from __future__ import annotations
