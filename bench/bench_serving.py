@@ -200,6 +200,7 @@ def with_sequence(
     events' chosen videos coded, one short refit (the weights do not matter here; the
     shapes and the work per request do), so a request encodes its user's views."""
     from feature_store.models import sequence_io
+    from trainer.export import all_writers
     from trainer.sequence import CHOSEN, SequenceTrainer
     from trainer.sequence_export import writer
 
@@ -217,13 +218,8 @@ def with_sequence(
         names, writers = list(artifacts[0]), [artifacts[1]]
     names += sequence_io.ARTIFACTS
     writers.append(writer(published, quick.max_len))
-
-    def write(directory: Path) -> None:
-        for each in writers:
-            each(directory)
-
     described = sequence_io.describe(quick.max_len, quick.dim, published.fits, 1.0)
-    return {**extra, sequence_io.MANIFEST_KEY: described}, (names, write)
+    return {**extra, sequence_io.MANIFEST_KEY: described}, (names, all_writers(writers))
 
 
 class Server:

@@ -214,3 +214,13 @@ def publish(
 
 def _hidden(model: WideDeep) -> list[int]:
     return [m.out_features for m in model.mlp if isinstance(m, torch.nn.Linear)][:-1]
+
+
+def all_writers(writers: list[Callable[[Path], None]]) -> Callable[[Path], None]:
+    """One artifact writer (for :func:`publish`'s ``artifacts``) running ``writers`` in order."""
+
+    def write(directory: Path) -> None:
+        for each in writers:
+            each(directory)
+
+    return write

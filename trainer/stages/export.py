@@ -20,7 +20,7 @@ from feature_store.models import sequence_io
 from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY
 from feature_store.runtime.resources import Resources
 from trainer.distributed import GroupSync
-from trainer.export import publish
+from trainer.export import all_writers, publish
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.retrieval import RetrievalTrainer
@@ -111,7 +111,7 @@ class Export:
             extra[sequence_io.MANIFEST_KEY] = sequence_io.describe(
                 max_len, published.tower.dim, published.fits, published.weight
             )
-        artifacts = (names, _all(writers)) if writers else None
+        artifacts = (names, all_writers(writers)) if writers else None
         with self.shared.lock:
             version = publish(
                 self.resources.registry,
@@ -152,12 +152,3 @@ class Export:
     def close(self) -> None:
         pass
 
-
-def _all(writers: list[Callable[[Path], None]]) -> Callable[[Path], None]:
-    """One artifact writer running ``writers`` in order."""
-
-    def write(directory: Path) -> None:
-        for each in writers:
-            each(directory)
-
-    return write
