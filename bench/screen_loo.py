@@ -173,6 +173,7 @@ def main() -> None:
     if args.dump is not None:
         np.savez_compressed(args.dump, held=np.array(held),
                             users=np.array([q.user for q in queries]),
+                            ts=np.array([q.ts for q in queries]),
                             rankings=np.array(rankings, dtype=object))
 
 

@@ -291,7 +291,11 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
                 240,
                 "both trainers to train and checkpoint",
             )
-            produce(resources, events[third:])
+            # The last fifth is held back and trickled in at the kill (below): with the
+            # whole stream produced, trainer one could have trained and checkpointed all of
+            # its partitions before the kill, leaving nothing pushed and uncommitted.
+            held_back = events_total - events_total // 5
+            produce(resources, events[third:held_back])
 
             app = create_app(settings)
             with serve_in_thread(app) as url:
@@ -319,14 +323,29 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
                         60,
                         "half of the stream",
                     )
-                    # Kill between checkpoints: batches pushed, not yet committed.
-                    wait_until(lambda: len(one.journaled()) > 0, 30, "a journaled batch")
+                    # Kill between checkpoints: batches pushed, not yet committed. Trickle
+                    # the held-back events in until trainer one is caught in that state
+                    # (each trickle gives its partitions new batches to push).
+                    pending = events[held_back:]
+                    trickled_at = 0.0
+
+                    def caught_between_checkpoints() -> bool:
+                        nonlocal pending, trickled_at
+                        if one.journaled():
+                            return True
+                        if pending and time.monotonic() - trickled_at > 0.25:
+                            produce(resources, pending[:25])
+                            pending, trickled_at = pending[25:], time.monotonic()
+                        return False
+
+                    wait_until(caught_between_checkpoints, 120, "a journaled batch")
                     assert one.process is not None
                     one.process.send_signal(signal.SIGKILL)
                     one.process.wait(10)
                     killed_at = time.monotonic()
                     pushed_uncommitted = len(one.journaled())
                     by_one = one.trained()
+                    produce(resources, pending)
                     # The survivor's pace is the machine's: fail on a stall, not a deadline
                     # (it takes the dead member's partitions after the 2 s session timeout).
                     wait_for_count(
