@@ -209,6 +209,7 @@ def _open_service(
     scorer = Scorer(
         resources.schema, resources.tables, metrics.observe_stage, reads.rows, videos=videos,
         fusion=Fusion.of(api.ranking_weights),
+        reference_ttl_s=api.hot_row_cache_ttl_ms / 1000,
     )
     known = resources.families
 

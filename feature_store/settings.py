@@ -303,8 +303,10 @@ class ApiSettings(_Section):
     model_poll_interval_s: float = Field(1.0, gt=0)
     """How often the service checks the registry's active version (hot swap delay)."""
     hot_row_cache_ttl_ms: int = Field(500, ge=0, le=1500)
-    """With Redis backends: ms a serving process reuses catalog records, counters and
-    sparse rows it read (0 disables). Adds at most this to freshness (goal 2 s)."""
+    """ms a serving process reuses what it read or computed (0 disables): with Redis
+    backends the catalog records, counters and sparse rows it read; with any, the cold
+    start's anonymous score of each new video (``app/scoring/reference_cache.py``).
+    Adds at most this to freshness (goal 2 s)."""
     onnx_provider: Literal["auto", "cuda", "cpu"] = "auto"
     """``auto``: CUDA when a GPU is usable, CPU otherwise; the one in use is reported."""
     intra_op_threads: int = Field(1, ge=0, le=64)

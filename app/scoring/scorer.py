@@ -26,6 +26,7 @@ from app.candidates.retrieval import CandidateFilter
 from app.scoring.features import RequestFeatureExtractor
 from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
 from app.scoring.onnx_model import LoadedModel, pad_batch
+from app.scoring.reference_cache import ReferenceCache
 from app.scoring.video_table import VideoSource
 from feature_store.activity.base import HistoryEntry, VideoStats
 from feature_store.catalog.base import Video
@@ -72,8 +73,11 @@ class Scorer:
         pull: RowReader | None = None,
         videos: VideoSource | None = None,
         fusion: Fusion = ENGAGEMENT_ONLY,
+        reference_ttl_s: float = 0.0,
     ) -> None:
         self.schema = schema
+        self.reference_ttl_s = reference_ttl_s
+        """How long an anonymous score is reused (:mod:`app.scoring.reference_cache`)."""
         self.fusion = fusion
         """How the heads become the served score, unless a request brings its own."""
         self.videos = videos
@@ -91,6 +95,14 @@ class Scorer:
         if extractor is None:
             extractor = self._local.extractor = RequestFeatureExtractor(self.schema)
         return extractor
+
+    @property
+    def references(self) -> ReferenceCache:
+        """This thread's anonymous scores, kept per row of its extractor's video table."""
+        cache: ReferenceCache | None = getattr(self._local, "references", None)
+        if cache is None:
+            cache = self._local.references = ReferenceCache(self.reference_ttl_s)
+        return cache
 
     def features(
         self,
@@ -187,7 +199,8 @@ class Scorer:
         ``heads``: filled with every head's prediction, from the same run.
         ``anonymous_positions``: positions in ``rows`` also scored for an anonymous user
         (:meth:`anonymous_scores`), in the same batch, pull and ONNX run
-        (:meth:`RequestFeatureExtractor.extract_with_reference`)."""
+        (:meth:`RequestFeatureExtractor.extract_with_reference`), but for those whose
+        anonymous score was computed less than ``reference_ttl_s`` ago (reused)."""
         if not len(rows):
             return Scored(np.zeros(0, dtype=np.float32), None, None)
         t0 = time.perf_counter()
@@ -195,15 +208,24 @@ class Scorer:
         if anonymous_positions is None or not len(anonymous_positions):
             batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
             return Scored(self._pull_and_run(model, batch, t0, fusion, heads=heads), None, batch)
+        key = (model.version, fusion or self.fusion, context)
+        reference, kept = self.references.get(extractor.table, key, rows[anonymous_positions])
+        if kept.all():
+            batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
+            scores = self._pull_and_run(model, batch, t0, fusion, heads=heads)
+            return Scored(scores, reference, batch)
+        missing = anonymous_positions[~kept]
         both = extractor.extract_with_reference(
-            user_id, ts_ms, context, history, rows, ANONYMOUS, anonymous_positions
+            user_id, ts_ms, context, history, rows, ANONYMOUS, missing
         )
         every: dict[str, npt.NDArray[np.float32]] | None = {} if heads is not None else None
         scores = self._pull_and_run(model, both, t0, fusion, heads=every)
         n = len(rows)
         if heads is not None and every is not None:
             heads.update({h: p[:n] for h, p in every.items()})
-        return Scored(scores[:n], scores[n:], both.first_rows(n))
+        reference[~kept] = scores[n:]
+        self.references.put(extractor.table, key, rows[missing], scores[n:])
+        return Scored(scores[:n], reference, both.first_rows(n))
 
     def anonymous_scores(
         self,
@@ -219,8 +241,15 @@ class Scorer:
         reads of that user."""
         if not len(rows):
             return np.zeros(0, dtype=np.float32)
-        batch = self.extractor.extract_rows(ANONYMOUS, ts_ms, context, (), rows)
-        return self._pull_and_run(model, batch, time.perf_counter(), fusion, stages=False)
+        table, key = self.extractor.table, (model.version, fusion or self.fusion, context)
+        scores, kept = self.references.get(table, key, rows)
+        if kept.all():
+            return scores
+        missing = rows[~kept]
+        batch = self.extractor.extract_rows(ANONYMOUS, ts_ms, context, (), missing)
+        scores[~kept] = self._pull_and_run(model, batch, time.perf_counter(), fusion, stages=False)
+        self.references.put(table, key, missing, scores[~kept])
+        return scores
 
     def score(
         self,
