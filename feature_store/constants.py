@@ -73,6 +73,10 @@ TRAINER_DENSE = f"{REDIS_ROOT}:trainer:dense:"
 TRAINER_EXPORTER = f"{REDIS_ROOT}:trainer:exporter:"
 """The member of a group that exports and activates versions (a lease with a TTL):
 ``{TRAINER_EXPORTER}{group_id}``; see ``trainer/distributed.py``."""
+TRAINER_SEQUENCE_VIEWS = f"{REDIS_ROOT}:trainer:sequence-views:"
+"""Capped stream of a group's chosen views, one ``u``/``v`` entry each, which every member
+reads back into its sequence tower's views: ``{TRAINER_SEQUENCE_VIEWS}{group_id}``; see
+``trainer/sequence_share.py``."""
 
 CONTROL_COMMANDS = f"{REDIS_ROOT}:control:cmd"
 """Capped stream of operator commands to trainers (``feature_store.ops.control``)."""

@@ -708,3 +708,16 @@ class GlooAveraging:
 def _flat(tensors: list[torch.Tensor]) -> np.ndarray:
     with torch.no_grad():
         return torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors]).numpy().copy()
+
+
+def exports(group: GroupSync | None) -> bool:
+    """Whether a trainer in ``group`` (None: alone) is the one that exports and refits the
+    sequence tower: alone it always is; in a group, the holder of the exporter lease
+    (none while Redis is down: nobody exports meanwhile)."""
+    if group is None:
+        return True
+    try:
+        return group.leads()
+    except BackendUnavailable as exc:
+        log.warning("exporter lease unavailable: %s", exc)
+        return False

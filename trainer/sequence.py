@@ -152,6 +152,13 @@ def windows(views: Sequence[int], max_len: int) -> list[Window]:
     return out
 
 
+def chosen_views(samples: Sequence[Sample]) -> list[tuple[str, str]]:
+    """The ``(user, video)`` of each sample that chose its video (a positive label of a
+    chosen event), in order: what the tower learns to predict."""
+    return [(s.event.user_id, s.event.video_id) for s in samples
+            if s.label > 0 and s.weight > 0 and s.event.type in CHOSEN]
+
+
 @dataclass(frozen=True)
 class Published:
     """A refit's result, for exports: the network (eval mode) and the video of each code
@@ -223,16 +230,18 @@ class SequenceTrainer:
         holds one entry per video, at its newest touch). Every labelled sample with the
         ranker's score of its moment is kept first, with the user's views before it, for
         the fusion weight (:mod:`trainer.sequence_weight`)."""
+        self.keep_for_fusion(samples)
+        return self.add_views(chosen_views(samples))
+
+    def keep_for_fusion(self, samples: Sequence[Sample]) -> None:
+        """Keep each labelled sample, with the user's views before it, for the fusion
+        weight (:mod:`trainer.sequence_weight`)."""
         with self._lock:
             for s in samples:
                 code = self.codes.get(s.event.video_id, 0)
                 mine = self.views.get(s.event.user_id)
                 if code and mine and s.weight > 0:
                     self.fusion.keep(mine, code, s.label, s.score)
-        return self.add_views([
-            (s.event.user_id, s.event.video_id) for s in samples
-            if s.label > 0 and s.weight > 0 and s.event.type in CHOSEN
-        ])
 
     def add_views(self, views: Sequence[tuple[str, str]]) -> int:
         """Append ``(user, video)`` views in order; returns how many were coded (a video

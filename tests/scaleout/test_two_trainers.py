@@ -395,6 +395,9 @@ def test_two_trainers_share_a_group_and_survive_a_kill(
         f"{time.monotonic() - started:.0f} s in all"
     )
     assert group["dense_sync"] == dense_sync and group["dense_syncs"] > 0
+    # One sequence tower for the group: the survivor read back the killed one's views too.
+    shared = final["sequence"]["shared_views"]
+    assert shared["read"] > shared["published"] > 0 and not shared["failures"], shared
     # What the killed one pushed after its last commit came back to the survivor, skipped.
     assert group["skipped_as_trained_by_peer"] >= pushed_uncommitted > 0
     # Learnt beyond popularity. Not an absolute bound: the survivor's prequential AUC over

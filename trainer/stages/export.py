@@ -15,11 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from feature_store.errors import BackendUnavailable
 from feature_store.models import sequence_io
 from feature_store.models.retrieval_io import ARTIFACTS, MANIFEST_KEY
 from feature_store.runtime.resources import Resources
-from trainer.distributed import GroupSync
+from trainer.distributed import GroupSync, exports
 from trainer.export import all_writers, publish
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
@@ -82,14 +81,7 @@ class Export:
     def leads(self) -> bool:
         """Whether this trainer is its group's exporter (alone, it always is): only it
         exports on its timer and answers *Export now* (``trainer/distributed.py``)."""
-        group = self.group
-        if group is None:
-            return True
-        try:
-            return group.leads()
-        except BackendUnavailable as exc:  # no Redis, no lease: nobody exports meanwhile
-            log.warning("exporter lease unavailable: %s", exc)
-            return False
+        return exports(self.group)
 
     def export(self, activate: bool | Literal["own_family"]) -> str:
         """Publish the current dense network as a registry version (with the towers and

@@ -23,11 +23,12 @@ from feature_store.heads import HEADS
 from feature_store.models.retrieval_io import Towers as TowerColumns
 from feature_store.runtime.resources import Resources
 from trainer.dedupe import DedupeWindow
-from trainer.distributed import GroupSync
+from trainer.distributed import GroupSync, exports
 from trainer.labels import Joiner, LabelPolicy
 from trainer.metrics import TrainerMetrics
 from trainer.model import WideDeep
 from trainer.retrieval import RetrievalTrainer
+from trainer.sequence_share import SharedViews
 from trainer.served import ServedJoin
 from trainer.stages.base import Batch, Checkpoint, Progress, Shared, Stage
 from trainer.stages.decode import Decode
@@ -126,7 +127,14 @@ def build(
         else None
     )
     sequence = (
-        sequence_stage(settings.sequence, cfg.seed) if settings.sequence.enabled else None
+        sequence_stage(
+            settings.sequence, cfg.seed,
+            # Several trainers: one tower, the exporter's, of every member's views.
+            SharedViews(resources.redis_client, cfg.group_id, settings.sequence.max_views)
+            if group is not None and cfg.group_sync else None,
+            lambda: exports(group),
+        )
+        if settings.sequence.enabled else None
     )
     served = (
         ServedJoin(

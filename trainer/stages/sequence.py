@@ -12,12 +12,16 @@ reproducible and point in time, and the worker trains while the replay goes on.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from feature_store.settings import SequenceSettings
-from trainer.sequence import Published, SequenceTrainer, Started
+from trainer.sequence import Published, SequenceTrainer, Started, chosen_views
+from trainer.sequence_share import READ_AT_MOST, SharedViews
 from trainer.sequence_worker import RemoteFit
 from trainer.stages.base import Batch, Checkpoint
 
@@ -25,22 +29,40 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 1.0
 """How often the refit thread looks whether a refit is due (seconds)."""
+SHARE_FILE = "sequence_share.json"
+"""In a checkpoint: the group stream's position the saved views hold."""
 FAILED_WAIT_S = 30.0
 """How long the refit thread waits after a failed refit (a worker that cannot start is
 not started again every second)."""
 
 
-def sequence_stage(settings: SequenceSettings, seed: int) -> SequenceStage:
+def sequence_stage(
+    settings: SequenceSettings,
+    seed: int,
+    shared: SharedViews | None = None,
+    leads: Callable[[], bool] = lambda: True,
+) -> SequenceStage:
     """The stage ``settings`` describe, its refits in a worker process."""
-    return SequenceStage(SequenceTrainer(settings, seed, RemoteFit(settings, seed)))
+    return SequenceStage(SequenceTrainer(settings, seed, RemoteFit(settings, seed)), shared, leads)
 
 
 class SequenceStage:
-    """Adds each batch's chosen videos; refits on its thread (or at the export)."""
+    """Adds each batch's chosen videos; refits on its thread (or at the export).
 
-    def __init__(self, trainer: SequenceTrainer) -> None:
+    In a group (``shared``, :mod:`trainer.sequence_share`) the batch's views go to the
+    group's stream and every member's come back from it on the refit thread; only
+    the member that ``leads`` (the exporter) refits."""
+
+    def __init__(
+        self,
+        trainer: SequenceTrainer,
+        shared: SharedViews | None = None,
+        leads: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.trainer = trainer
-        self.background = trainer.settings.background
+        self.shared = shared
+        self.leads = leads
+        self.background = trainer.settings.background or shared is not None
         self.failed = 0
         self._pending: Started | None = None
         """Paced by the exports: the refit the last export started."""
@@ -49,12 +71,18 @@ class SequenceStage:
 
     def process(self, batch: Batch) -> Batch:
         if batch.samples:
-            self.trainer.add(batch.samples)
-            if self.background and self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._refits, name="vidrec-sequence-refit", daemon=True
-                )
-                self._thread.start()
+            if self.shared is None:
+                self.trainer.add(batch.samples)
+            else:
+                self.trainer.keep_for_fusion(batch.samples)
+                views = chosen_views(batch.samples)
+                if not self.shared.publish(views):
+                    self.trainer.add_views(views)  # Redis down: this member's tower has them
+        if self.background and self._thread is None and (batch.samples or self.shared):
+            self._thread = threading.Thread(
+                target=self._refits, name="vidrec-sequence-refit", daemon=True
+            )
+            self._thread.start()
         return batch
 
     def for_export(self) -> Published | None:
@@ -78,11 +106,23 @@ class SequenceStage:
     def _refits(self) -> None:
         while not self._stop.is_set():
             failed = self.failed
+            self._read_shared()
             if not self._refit():
                 self._stop.wait(FAILED_WAIT_S if self.failed > failed else IDLE_WAIT_S)
 
+    def _read_shared(self) -> None:
+        """Every member's views appended to the group's stream since the last read."""
+        while self.shared is not None and not self._stop.is_set():
+            views = self.shared.read()
+            self.trainer.add_views(views)
+            if len(views) < READ_AT_MOST:
+                return
+            time.sleep(0)  # a backlog: let the trainer's thread in between pages
+
     def _refit(self) -> bool:
-        """A due refit (False: none was due, or it failed)."""
+        """A due refit (False: none was due, this member does not lead, or it failed)."""
+        if not self.leads():
+            return False
         try:
             return self.trainer.refit_if_due(self._stop)
         except Exception:  # a bug must not stop the ranker; the next due refit tries again
@@ -91,16 +131,27 @@ class SequenceStage:
             return False
 
     def status(self) -> dict[str, Any]:
-        """The tower's figures (views, refits, the last loss and refit time) and failures."""
+        """The tower's figures (views, refits, the last loss and refit time) and failures;
+        in a group, the shared views' counts."""
+        shared = {} if self.shared is None else {"shared_views": self.shared.status()}
         return {**self.trainer.status(), "failed_refits": self.failed,
-                "background": self.background}
+                "background": self.background, **shared}
 
     def save(self, checkpoint: Checkpoint) -> None:
+        # The stream position first: the views saved then hold at least what it read (a
+        # view read again after a restore moves to where it was: no change).
+        position = None if self.shared is None else self.shared.last_id
         self.trainer.save(checkpoint.directory)
+        if position is not None:
+            (checkpoint.directory / SHARE_FILE).write_text(json.dumps({"position": position}))
 
     def restore(self, checkpoint: Checkpoint | None) -> None:
-        if checkpoint is not None:
-            self.trainer.restore(checkpoint.directory)
+        if checkpoint is None:
+            return
+        self.trainer.restore(checkpoint.directory)
+        saved = checkpoint.directory / SHARE_FILE
+        if self.shared is not None and saved.is_file():
+            self.shared.last_id = str(json.loads(saved.read_text())["position"])
 
     def close(self) -> None:
         self._stop.set()
