@@ -226,14 +226,19 @@ class Recommender:
         fusion = assigned.fusion if assigned is not None else None
         heads: dict[str, np.ndarray] | None = {} if request.explain else None
         # The cold start's anonymous scores (its new videos) ride in the user's ONNX run.
+        # A user without history is their own reference: their model lift is 0 by
+        # definition, not the drift of the other users' training since a kept
+        # anonymous score (app/scoring/reference_cache.py).
         new = (
             self.rerank.cold_start.new_positions(self.scorer.extractor.table, found.rows)
             if self.rerank is not None else None
         )
         scores, reference, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads,
-            new,
+            new if history else None,
         )
+        if not history and new is not None:
+            reference = scores[new]
         if self.pool_observer is not None:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
         towers = model.retrieval

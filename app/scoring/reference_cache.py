@@ -17,6 +17,11 @@ and sparse row read through the service's cache already has), so a video's
 new counters or embedding row reach its reference within that; a changed
 catalog record gets a new row (:mod:`app.scoring.video_table`), so it is
 never scored from its old fields. 0 turns the reuse off.
+
+What the staleness may not do: move a user with no events. Their model lift
+must be 0 (they score the prior), so the recommender makes such a user their
+own reference instead of reading a kept score, which other users' training
+may have left behind (``app/recommender.py``).
 """
 
 from __future__ import annotations

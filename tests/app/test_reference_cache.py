@@ -9,6 +9,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from app.candidates.retrieval import CandidateFilter
+from app.schemas import RecommendRequest
 from app.scoring.reference_cache import KEYS, ReferenceCache
 from feature_store.events import EventContext
 from tests.app.conftest import service_of
@@ -107,3 +108,23 @@ def test_a_request_scores_only_the_new_videos_without_a_fresh_reference(
     assert ran == [40, 20, 40]
     fresh = scorer.anonymous_scores(model, now, phone, rows)  # unchanged by the other key
     np.testing.assert_array_equal(fresh, first.anonymous)
+
+
+def test_a_user_without_history_is_their_own_reference(client: TestClient) -> None:
+    """Kept anonymous scores may be a moment old; a user with no events must still score
+    the prior exactly (model lift 0), not the drift of others' training since then."""
+    put_videos(client, [video_json(video_id=f"new{i}", creator_id=f"c{i}") for i in range(12)])
+    with_model(client)
+    service = service_of(client)
+    scorer = service.scorer
+    scorer.reference_ttl_s = 3600.0
+    ids = [f"new{i}" for i in range(12)]
+    _, rows = scorer.select(ids, CandidateFilter(), 500)
+    key = (service.model.version, scorer.fusion, EventContext())
+    scorer.references.put(  # a stale reference, far from what the model scores now
+        scorer.extractor.table, key, rows, np.full(len(rows), 0.999, dtype=np.float32)
+    )
+    request = RecommendRequest(user_id="nobody", candidates=ids, count=12, explain=True)
+    items = service.recommender.recommend(request).items
+    lifts = [item.explanation.rerank.lift for item in items]  # type: ignore[union-attr]
+    assert len(lifts) == 12 and all(lift == 0.0 for lift in lifts), lifts
