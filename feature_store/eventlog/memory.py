@@ -68,7 +68,8 @@ def _now_ms() -> int:
 
 
 DECODED_WINDOW = 16_384
-"""Newest records per partition whose produced object is kept (about 1 KB an event)."""
+"""Newest records per partition whose produced object is kept (about 1 KB an event), once
+the partition has been read in this process."""
 
 
 class _Partition:
@@ -77,14 +78,28 @@ class _Partition:
     Retention trims in chunks of 1/16 of ``retention`` so that dropping the
     head of the list (a memmove) is amortized: a partition holds between
     ``retention`` and ``retention * 17/16`` records once full.
+
+    Records are kept as parallel lists of keys, values and times (bytes and
+    ints, which the garbage collector does not track), not as
+    :class:`StoredRecord` objects, which it does: a serving process's logs
+    held tens of thousands, and every full collection walked them all while
+    holding the GIL (59 ms at the overload benchmark's size, a stall of
+    liveness and refusals; ``docs/benchmarks.md``, *Overload*). For the same
+    reason produced objects are kept (``decoded``) only once something in this
+    process reads the partition: a served log that only the trainer's process
+    reads keeps none.
     """
 
     def __init__(self, retention: int, files: PartitionFiles | None) -> None:
         self.retention = retention
         self.files = files
-        self.records: list[StoredRecord] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes] = []
         self.decoded: list[Any] = []
         """Per record, the produced event when kept (see the module docstring)."""
+        self.read_here = False
+        """Whether a consumer in this process has read the partition (then produced
+        objects are kept for it)."""
         self.timestamps: list[int] = []
         """Log times of ``records``, non-decreasing, for binary search by time."""
         self.traces: dict[int, list[tuple[str, bytes]]] = {}
@@ -99,15 +114,19 @@ class _Partition:
         if self.files is None:
             return
         for record in self.files.load():
-            self.records.append(record)
+            if not self.keys:
+                self.start = record.offset
+            self.keys.append(record.key)
+            self.values.append(record.value)
             self.decoded.append(None)
             self.timestamps.append(record.ts)
             self.end = record.offset + 1
-            if len(self.records) >= self.retention + self._chunk:
+            if len(self.keys) >= self.retention + self._chunk:
                 self._trim(persist=False)
         self.end = self.files.end_offset(self.end)
         self._trim(persist=False)
-        self.start = self.records[0].offset if self.records else self.end
+        if not self.keys:
+            self.start = self.end
         self.files.drop_before(self.start)
 
     @property
@@ -126,8 +145,9 @@ class _Partition:
         record = StoredRecord(self.end, max(now_ms, last), key, value)
         if headers:
             self.traces[self.end] = headers
-        self.records.append(record)
-        self.decoded.append(event)
+        self.keys.append(key)
+        self.values.append(value)
+        self.decoded.append(event if self.read_here else None)
         if len(self.decoded) > DECODED_WINDOW:
             self.decoded[-DECODED_WINDOW - 1] = None  # bounded: old ones decode again
         self.timestamps.append(record.ts)
@@ -135,17 +155,18 @@ class _Partition:
         return record
 
     def maybe_trim(self) -> None:
-        if len(self.records) >= self.retention + self._chunk:
+        if len(self.keys) >= self.retention + self._chunk:
             self._trim(persist=True)
 
     def _trim(self, persist: bool) -> None:
-        drop = len(self.records) - self.retention
+        drop = len(self.keys) - self.retention
         if drop <= 0:
             return
-        del self.records[:drop]
+        del self.keys[:drop]
+        del self.values[:drop]
         del self.decoded[:drop]
         del self.timestamps[:drop]
-        self.start = self.records[0].offset if self.records else self.end
+        self.start = self.start + drop if self.keys else self.end
         traces = self.traces
         while traces and next(iter(traces)) < self.start:  # offsets in insertion order
             del traces[next(iter(traces))]
@@ -154,8 +175,14 @@ class _Partition:
 
     def read(self, offset: int, limit: int) -> tuple[list[StoredRecord], list[Any]]:
         """Records from ``offset`` and, per record, its kept event (or None)."""
+        self.read_here = True
         index = max(offset, self.start) - self.start
-        return self.records[index : index + limit], self.decoded[index : index + limit]
+        end = min(index + limit, len(self.keys))
+        records = [
+            StoredRecord(self.start + i, self.timestamps[i], self.keys[i], self.values[i])
+            for i in range(index, end)
+        ]
+        return records, self.decoded[index:end]
 
     def offset_for_time(self, ts_ms: int) -> int:
         """First offset stored at or after ``ts_ms``; ``end`` when none is."""
