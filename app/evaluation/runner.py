@@ -281,9 +281,11 @@ def eval_settings(
         "sequence": {"background": False},
         "trainer": trainer,
         "features": features,
-        # The service's ONNX session on CPU: the figures are quality, not speed.
+        # The service's ONNX session on CPU: the figures are quality, not speed. Nothing
+        # reused by wall time (read caches, kept anonymous scores): a question reads the
+        # state of its moment in the replay, however fast the machine replays.
         "api": {"signal_feed": False, "model_poll_interval_s": 3600, "onnx_provider": "cpu",
-                **_full_ranking_caps(cfg, catalog_size)},
+                "hot_row_cache_ttl_ms": 0, **_full_ranking_caps(cfg, catalog_size)},
         "sparse": {"backend": backend, "model_name": f"eval{int(time.time())}"},
         "stores": {"backend": backend},
     }
