@@ -85,21 +85,23 @@ class _Partition:
     held tens of thousands, and every full collection walked them all while
     holding the GIL (59 ms at the overload benchmark's size, a stall of
     liveness and refusals; ``docs/benchmarks.md``, *Overload*). For the same
-    reason produced objects are kept (``decoded``) only once something in this
-    process reads the partition: a served log that only the trainer's process
-    reads keeps none.
+    reason a served log keeps its produced objects (``decoded``) only once
+    something in this process reads the partition: one that only the trainer's
+    process reads keeps none.
     """
 
-    def __init__(self, retention: int, files: PartitionFiles | None) -> None:
+    def __init__(self, retention: int, files: PartitionFiles | None, keep: bool = True) -> None:
         self.retention = retention
         self.files = files
         self.keys: list[bytes | None] = []
         self.values: list[bytes] = []
         self.decoded: list[Any] = []
         """Per record, the produced event when kept (see the module docstring)."""
-        self.read_here = False
-        """Whether a consumer in this process has read the partition (then produced
-        objects are kept for it)."""
+        self.read_here = keep
+        """Whether produced objects are kept: from the start (``keep``: the events, which
+        an in-process trainer or signal feed reads in every memory-backed topology, and
+        may find as a backlog) or once a consumer in this process has read the partition
+        (the served log)."""
         self.timestamps: list[int] = []
         """Log times of ``records``, non-decreasing, for binary search by time."""
         self.traces: dict[int, list[tuple[str, bytes]]] = {}
@@ -227,6 +229,7 @@ class MemoryEventLog:
                 None
                 if directory is None
                 else PartitionFiles(directory / f"p{index:04d}", segment_records),
+                keep=stream.name == "events",
             )
             for index in range(config.memory_partitions)
         ]

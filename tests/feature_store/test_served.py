@@ -116,6 +116,24 @@ def test_a_records_items_are_columns_the_collector_does_not_walk() -> None:
     assert list(items[18:]) == [items[18], items[19]] and len(items) == 20
 
 
+def test_a_served_log_read_elsewhere_keeps_nothing_for_the_collector() -> None:
+    """A serving process's in-process served log that no consumer there reads (the
+    trainer is another process) holds its records as bytes: no tracked object per
+    response for every full collection to walk; once read here, the newest are kept."""
+    settings = Settings()
+    with MemoryEventLog(settings, stream=stream_spec(settings, "served")) as log:
+        gc.collect()
+        before = len(gc.get_objects())
+        log.produce([dataclasses.replace(record(), recommendation_id=f"r{i}") for i in range(500)])
+        gc.collect()
+        assert len(gc.get_objects()) - before < 50
+        reader = log.reader()
+        assert len(reader.poll(500, 0.0)) == 500
+        log.produce([record()])
+        reader.close()
+        assert sum(d is not None for p in log._partitions for d in p.decoded) == 1
+
+
 def test_the_binary_record_is_smaller_than_the_json_one() -> None:
     big = record(20)
     assert len(encode_served(big)) < 0.9 * len(json.dumps(json_record(big)))
