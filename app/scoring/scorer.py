@@ -208,7 +208,7 @@ class Scorer:
         if anonymous_positions is None or not len(anonymous_positions):
             batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
             return Scored(self._pull_and_run(model, batch, t0, fusion, heads=heads), None, batch)
-        key = (model.version, fusion or self.fusion, context)
+        key = self._reference_key(model, fusion, context)
         reference, kept = self.references.get(extractor.table, key, rows[anonymous_positions])
         if kept.all():
             batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
@@ -241,7 +241,7 @@ class Scorer:
         reads of that user."""
         if not len(rows):
             return np.zeros(0, dtype=np.float32)
-        table, key = self.extractor.table, (model.version, fusion or self.fusion, context)
+        table, key = self.extractor.table, self._reference_key(model, fusion, context)
         scores, kept = self.references.get(table, key, rows)
         if kept.all():
             return scores
@@ -250,6 +250,12 @@ class Scorer:
         scores[~kept] = self._pull_and_run(model, batch, time.perf_counter(), fusion, stages=False)
         self.references.put(table, key, missing, scores[~kept])
         return scores
+
+    def _reference_key(
+        self, model: LoadedModel, fusion: Fusion | None, context: EventContext
+    ) -> tuple[str, Fusion, EventContext]:
+        """What an anonymous score depends on besides the video: the kept scores' key."""
+        return model.version, fusion or self.fusion, context
 
     def score(
         self,
