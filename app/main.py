@@ -30,6 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from app import dashboard, docs
@@ -168,6 +169,18 @@ def _telemetry() -> TelemetryConfig:
     }
 
 
+async def _warm_thread_pool() -> None:
+    """Hop to the web server's thread pool once before the first request.
+
+    Event posts (and every other sync route) run there. The first hop imports
+    anyio's backend (eleven modules) and starts a worker thread on the event
+    loop: done by the first event post under load, it held every request the
+    loop had for 55-170 ms, the slowest refusals of ``bench/bench_overload.py``
+    (docs/benchmarks.md, *Overload*). Here it is done before the port opens, and
+    what it builds is frozen with the rest of start-up (``app/server.py``)."""
+    await run_in_threadpool(lambda: None)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -192,6 +205,7 @@ def create_app(
             # The lifespan opened the extensions, so it hands out what the dashboard shows
             # of them (the demo's figures); nothing sets fields on the service from outside.
             app.state.demo = next((e for e in entered if isinstance(e, DemoView)), None)
+            await _warm_thread_pool()
             try:
                 yield
             finally:

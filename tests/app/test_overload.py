@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -213,3 +216,47 @@ def test_the_server_freezes_what_start_up_built_once_it_has_started() -> None:
 
     asyncio.run(FreezeAfterStartup(app)({"type": "http"}, http_receive, send))
     assert seen == [("lifespan.startup.complete", 0)]
+
+
+FIRST_REQUESTS = '''
+import json, sys, threading, time, http.client
+import uvicorn
+from app.main import create_app
+from tests.app.conftest import KEY, make_settings
+from tests.factories import make_event
+from tests.services import free_port
+
+settings = make_settings(__import__("pathlib").Path(sys.argv[1]))
+port = free_port()
+server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
+                                       log_config=None, access_log=False))
+threading.Thread(target=server.run, daemon=True).start()
+while not server.started:
+    time.sleep(0.02)
+
+def post(path, body):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", path, json.dumps(body), {**KEY, "content-type": "application/json"})
+    return connection.getresponse().status
+
+event = json.loads(make_event().model_dump_json(exclude_none=True))
+started = set(sys.modules)
+statuses = [post("/v1/events", {"events": [event]}),
+            post("/v1/recommend", {"user_id": "u1", "candidates": ["v1", "v2"]})]
+print(json.dumps({"statuses": statuses, "imported": sorted(set(sys.modules) - started)}))
+server.should_exit = True
+'''
+
+
+def test_a_fresh_servers_first_requests_import_nothing_on_its_event_loop(tmp_path: Path) -> None:
+    """An import on the event loop holds every request it has: the first event post
+    imported anyio's thread-pool backend there, the slowest refusals under load. A
+    fresh interpreter, since this one has imported everything already."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_REQUESTS, str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["statuses"] == [200, 200]
+    assert answer["imported"] == []
