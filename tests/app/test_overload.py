@@ -230,9 +230,12 @@ settings = make_settings(__import__("pathlib").Path(sys.argv[1]))
 port = free_port()
 server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
                                        log_config=None, access_log=False))
-threading.Thread(target=server.run, daemon=True).start()
-while not server.started:
+thread = threading.Thread(target=server.run, daemon=True)
+thread.start()
+while not server.started and thread.is_alive():
     time.sleep(0.02)
+if not server.started:
+    sys.exit("the app failed to start (see the log above)")
 
 def post(path, body):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
