@@ -18,7 +18,8 @@ rewrites, in ``docs/benchmarks.md``, the block between
 benchmark that ran (with the benchmark's own table where it has one, so its
 section's prose and ratio convention still hold), plus the combined table between
 ``<!-- bench:all:begin -->`` and ``<!-- bench:all:end -->`` (appended in its
-own section when missing). Prose outside the markers is never touched.
+own section when missing; left as it is by a run of some benchmarks only, ``--only``).
+Prose outside the markers is never touched.
 
 ``ratio`` is always "ours over the floor, in time" (below 1 beats the floor)
 where the benchmark defines a floor: sparse (table time / redis-py time),
@@ -255,19 +256,22 @@ def replace_block(doc: str, name: str, body: str) -> tuple[str, bool]:
                        doc, count=1), True
 
 
-def rewrite_doc(path: Path, per_bench: dict[str, str], combined: str) -> list[str]:
-    """Rewrite the owned blocks; returns the names rewritten."""
+def rewrite_doc(path: Path, per_bench: dict[str, str], combined: str | None) -> list[str]:
+    """Rewrite the owned blocks; returns the names rewritten. ``combined`` is None for a
+    run of some benchmarks only (``--only``): the combined table keeps the last whole
+    run's rows instead of being replaced by a few of them."""
     doc = path.read_text()
     done = []
     for name, body in per_bench.items():
         doc, found = replace_block(doc, name, body)
         if found:
             done.append(name)
-    doc, found = replace_block(doc, "all", combined)
-    if not found:
-        doc = (doc.rstrip() + "\n\n## All benchmarks (`vidrec bench all`)\n\n"
-               "<!-- bench:all:begin -->\n" + combined.rstrip() + "\n<!-- bench:all:end -->\n")
-    done.append("all")
+    if combined is not None:
+        doc, found = replace_block(doc, "all", combined)
+        if not found:
+            doc = (doc.rstrip() + "\n\n## All benchmarks (`vidrec bench all`)\n\n"
+                   "<!-- bench:all:begin -->\n" + combined.rstrip() + "\n<!-- bench:all:end -->\n")
+        done.append("all")
     path.write_text(doc)
     return done
 
@@ -323,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             "sustainable rate / normal answers per second at 3x it; freshness and the other "
             "overload figures have goals, not floors.\n\n" + table(rows, where)
         )
-        done = rewrite_doc(Path(args.doc), per_bench, combined)
+        whole = set(names) == set(NAMES)
+        done = rewrite_doc(Path(args.doc), per_bench, combined if whole else None)
         print(f"rewrote {', '.join(done)} in {args.doc}", file=sys.stderr)
     return 0 if not any(r.get("error") for r in rows) else 1
 
