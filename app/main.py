@@ -175,7 +175,7 @@ async def _warm_thread_pool() -> None:
     Event posts (and every other sync route) run there. The first hop imports
     anyio's backend (eleven modules) and starts a worker thread on the event
     loop: done by the first event post under load, it held every request the
-    loop had for 55-170 ms, the slowest refusals of ``bench/bench_overload.py``
+    loop had for 140-180 ms on a 2-core machine, the slowest refusals of ``bench/bench_overload.py``
     (docs/benchmarks.md, *Overload*). Here it is done before the port opens, and
     what it builds is frozen with the rest of start-up (``app/server.py``)."""
     await run_in_threadpool(lambda: None)

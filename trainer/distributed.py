@@ -115,7 +115,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import struct
@@ -135,6 +134,7 @@ from feature_store.constants import TRAINER_DENSE, TRAINER_EXPORTER, TRAINER_PRO
 from feature_store.errors import BackendUnavailable, ConfigurationError, StoreUnavailable
 from feature_store.eventlog.base import ConsumedEvent
 from feature_store.redis_errors import REDIS_FAILURES, redis_errors
+from feature_store.runtime.log_summary import LogSummary
 from feature_store.runtime.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -281,9 +281,6 @@ class GroupSync:
         self._claimed_at = 0.0
         self.dense_key = TRAINER_DENSE + group_id
         self.lease_key = TRAINER_EXPORTER + group_id
-        self.lease_failures = 0
-        """Asks for the lease that failed (Redis down), for :func:`exports`' warnings."""
-        self.lease_warned_at = -math.inf
         self.member = member or f"{socket.gethostname()}-{os.getpid()}"
         self.averaging = averaging
         """Whether dense parameters are averaged (``trainer.group_sync``)."""
@@ -714,24 +711,20 @@ def _flat(tensors: list[torch.Tensor]) -> np.ndarray:
         return torch.cat([t.detach().reshape(-1).float().cpu() for t in tensors]).numpy().copy()
 
 
-LEASE_WARN_EVERY_S = 30.0
-"""While Redis is down, how often :func:`exports` says so (it is asked every second)."""
+LEASE_WARNINGS = LogSummary(log, every_s=30.0)
+"""While Redis is down, :func:`exports` says so once, then a count every 30 s (it is
+asked every second)."""
 
 
 def exports(group: GroupSync | None) -> bool:
     """Whether a trainer in ``group`` (None: alone) is the one that exports and refits the
     sequence tower: alone it always is; in a group, the holder of the exporter lease
-    (none while Redis is down: nobody exports meanwhile; said at most every
-    :data:`LEASE_WARN_EVERY_S`, with the count of failed asks)."""
+    (none while Redis is down: nobody exports meanwhile; said through
+    :data:`LEASE_WARNINGS`)."""
     if group is None:
         return True
     try:
         return group.leads()
     except BackendUnavailable as exc:
-        group.lease_failures += 1
-        now = time.monotonic()
-        if now - group.lease_warned_at >= LEASE_WARN_EVERY_S:
-            group.lease_warned_at = now
-            log.warning("exporter lease unavailable (%d asks failed so far): %s",
-                        group.lease_failures, exc)
+        LEASE_WARNINGS.record("exporter lease unavailable", exc)
         return False

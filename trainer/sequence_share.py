@@ -29,13 +29,13 @@ checkpoint, so a restart reads on from there.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from feature_store.constants import TRAINER_SEQUENCE_VIEWS
+from feature_store.runtime.log_summary import LogSummary
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ READ_AT_MOST = 20_000
 """Views read back per batch (the trainer's thread does the reading; the rest waits for
 the next batch)."""
 _PAGE = 5_000
-WARN_EVERY_S = 30.0
+WARNINGS = LogSummary(log, every_s=30.0)
+"""While Redis is down: each kind of failure said once, then a count every 30 s."""
 
 
 class SharedViews:
@@ -58,7 +59,6 @@ class SharedViews:
         self.published = 0
         self.read_back = 0
         self.failures = 0
-        self._warned_at = -WARN_EVERY_S
 
     def publish(self, views: Sequence[tuple[str, str]]) -> bool:
         """Append ``views`` in order; False (counted) when Redis refused them."""
@@ -101,11 +101,7 @@ class SharedViews:
 
     def _failed(self, what: str, views: int, exc: Exception) -> None:
         self.failures += 1
-        now = time.monotonic()
-        if now - self._warned_at >= WARN_EVERY_S:
-            self._warned_at = now
-            log.warning("sequence views: %s failed (%d failures so far; %d views not "
-                        "shared this time): %r", what, self.failures, views, exc)
+        WARNINGS.record(f"sequence views: {what} failed", f"{views} views not shared: {exc!r}")
 
 
 def _text(value: bytes | str) -> str:

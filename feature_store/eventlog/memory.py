@@ -97,7 +97,7 @@ class _Partition:
         self.values: list[bytes] = []
         self.decoded: list[Any] = []
         """Per record, the produced event when kept (see the module docstring)."""
-        self.read_here = keep
+        self.keep_decoded = keep
         """Whether produced objects are kept: from the start (``keep``: the events, which
         an in-process trainer or signal feed reads in every memory-backed topology, and
         may find as a backlog) or once a consumer in this process has read the partition
@@ -149,7 +149,7 @@ class _Partition:
             self.traces[self.end] = headers
         self.keys.append(key)
         self.values.append(value)
-        self.decoded.append(event if self.read_here else None)
+        self.decoded.append(event if self.keep_decoded else None)
         if len(self.decoded) > DECODED_WINDOW:
             self.decoded[-DECODED_WINDOW - 1] = None  # bounded: old ones decode again
         self.timestamps.append(record.ts)
@@ -177,7 +177,7 @@ class _Partition:
 
     def read(self, offset: int, limit: int) -> tuple[list[StoredRecord], list[Any]]:
         """Records from ``offset`` and, per record, its kept event (or None)."""
-        self.read_here = True
+        self.keep_decoded = True
         index = max(offset, self.start) - self.start
         end = min(index + limit, len(self.keys))
         records = [
