@@ -39,7 +39,7 @@ from feature_store.redis_errors import REDIS_FAILURES
 from feature_store.sparse.base import Keys, Rows
 from feature_store.sparse.steps import Steps
 
-REDIS_PY_TESTED = "8.1"
+REDIS_PY_TESTED = "8.2"
 """The redis-py ``major.minor`` whose internals this module was checked against."""
 
 CRLF = b"\r\n"

@@ -5,7 +5,7 @@
   const $ = (id) => document.getElementById(id);
   const KEY = "vidrec.dashboard.key", NAME = "vidrec.dashboard.operator";
   const KEEP_MS = 30 * 60 * 1000;  // chart history kept in the page
-  let refreshMs = 2000, timer = null, role = null, busy = false, rollbackTarget = null;
+  let refreshMs = 2000, timer = null, role = null, busy = false, stale = false, rollbackTarget = null;
   const hist = { training: [], serving: [], retrain: {} };
   let since = { training: 0, serving: 0 };
   let heads = [];  // the other ranking heads (the training view's "heads")
@@ -252,9 +252,13 @@
       `<tr><td>${esc(e.id)}</td><td>${esc(e.status)}${e.winner ? " · " + esc(e.winner) + " won" : ""}</td><td>${when(e.ended_at_ms)}</td><td class="hint">${e.arms.map((a) => `${esc(a.arm)}: ${int(a.impressions)} impr., CTR ${pp(a.ctr && a.ctr.value)}`).join(" · ")}</td></tr>`));
   }
 
+  // A refresh asked for while one is in flight (an action's outcome, say) runs
+  // again once it ends: the one in flight may have read the overview before
+  // the outcome was written, and would leave the page showing "requested".
   async function refresh() {
-    if (busy || !role) return;
-    busy = true;
+    if (!role) return;
+    if (busy) { stale = true; return; }
+    busy = true; stale = false;
     try {
       const o = await api(`/dashboard/api/overview?since_ms=${Math.min(since.training, since.serving)}`);
       renderTraining(o.training); renderServing(o.serving); renderModels(o.models);
@@ -262,7 +266,10 @@
       renderExperiments(o.experiments);
     } catch (e) {
       if (e.message !== "unauthorized") $("training-error").textContent = "refresh failed: " + e.message;
-    } finally { busy = false; }
+    } finally {
+      busy = false;
+      if (stale) refresh();
+    }
   }
 
   // --- actions -----------------------------------------------------------

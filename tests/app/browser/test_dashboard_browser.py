@@ -117,10 +117,14 @@ def test_export_rollback_pause_resume(page: Any, live_url: str) -> None:
         "() => document.getElementById('trainer-state').dataset.state === 'running'"
     )
 
-    audit = page.locator("#audit-table tbody tr")
-    page.wait_for_function("() => document.querySelectorAll('#audit-table tbody tr').length >= 5")
-    newest = audit.first.text_content() or ""
-    assert "resume" in newest and "done" in newest and "dana" in newest
+    # The page refreshes after each action, so the newest row turns to its outcome.
+    page.wait_for_function(
+        "() => { const r = document.querySelector('#audit-table tbody tr');"
+        " return r && /resume/.test(r.textContent) && /done/.test(r.textContent); }"
+    )
+    assert page.locator("#audit-table tbody tr").count() >= 5
+    newest = page.locator("#audit-table tbody tr").first.text_content() or ""
+    assert "dana" in newest
 
 
 def test_cancelled_confirmation_does_nothing(page: Any, live_url: str) -> None:
