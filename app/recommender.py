@@ -13,7 +13,7 @@ A user in a running experiment's arm is scored by that arm's model instead
 
 Ranking: the items are ordered by :func:`fuse` of the model's probability
 (as the rerank left it) and :func:`ranking_bonus`: the two-tower affinity
-(when the version has towers) and the co-visitation count; each item's
+(when the version has towers) and the co-visitation cosine; each item's
 ``score`` stays the (reranked) probability.
 
 Fallbacks (``fallback: true`` in the response, counted by reason):
@@ -486,7 +486,7 @@ class Found(NamedTuple):
     sources: list[str]
     rows: Indices
     pool: Pool
-    """The pool they came from (every proposer, the co-visitation counts)."""
+    """The pool they came from (every proposer, the co-visitation cosines)."""
 
 
 def _sequence_logits(

@@ -99,7 +99,7 @@ class ItemExplanation(_Response):
     affinity_bonus: float
     """``retrieval_weight * (cosine - best cosine)``: the two-tower term of the ranking."""
     covisit_bonus: float
-    """``covisit_weight * log1p(co-visitation count)``: the co-visitation term."""
+    """``covisit_weight * log1p(co-visitation cosine / 0.1)``: the co-visitation term."""
     sequence_bonus: float = 0.0
     """``sequence_weight * (logit - best logit)``: the sequence tower's term (0 when the
     version has none or the user has no view it knows)."""

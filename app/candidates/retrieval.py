@@ -78,7 +78,7 @@ class Pool:
     proposers: dict[str, list[str]] = field(default_factory=dict)
     """Every source that proposed a video, by video (the explanation of an item)."""
     covisits: dict[str, float] = field(default_factory=dict)
-    """Co-visitation counts of the videos the covisit source found (a ranking term)."""
+    """Co-visitation cosines of the videos the covisit source found (a ranking term)."""
 
 
 class Retriever:
@@ -105,24 +105,21 @@ class Retriever:
         self.covisit = covisit
 
     def covisits(self, query: CandidateQuery) -> dict[str, float]:
-        """Co-visitation counts for ``query``'s user (read once per query): the ranking's
+        """Co-visitation cosines for ``query``'s user (read once per query): the ranking's
         term, also for a request that brings its own candidates."""
-        if not query.watched:
+        if not query.visited:
             return {}
-        return dict(self.covisit.read(query, self.settings.source_limit))
+        return dict(self.covisit.read(query))
 
     def covisit_steps(self, query: CandidateQuery, given: bool) -> Steps[object] | None:
-        """The co-visitation read ``query`` will make, as steps, with the limit it will
-        make it with (the ranking term's for ``given`` candidates, else the covisit
-        source's ask): begun before the towers' row reads, both take one round trip with
-        Redis. None when the query reads none."""
-        if not query.watched:
+        """The co-visitation read ``query`` will make, as steps (the ranking term's for
+        ``given`` candidates, else the covisit source's and the term's): begun before the
+        towers' row reads, both take one round trip with Redis. None when the query reads
+        none."""
+        if not query.visited:
             return None
-        if given:
-            return self.covisit.read_steps(query, self.settings.source_limit)
-        for source, _, wanted in self._asks(query):
-            if source.name == COVISIT:
-                return self.covisit.read_steps(query, wanted)
+        if given or any(source.name == COVISIT for source, _, _ in self._asks(query)):
+            return self.covisit.read_steps(query)
         return None
 
     def _asks(self, query: CandidateQuery) -> list[tuple[CandidateSource, float, int]]:
@@ -147,9 +144,8 @@ class Retriever:
             for (source, share, _), proposal in zip(asks, proposed, strict=True)
         ]
         pool = merge(proposals)
-        for name, _, proposal in proposals:
-            if name == COVISIT and proposal.weights is not None:
-                pool.covisits = dict(zip(proposal.videos, proposal.weights, strict=True))
+        if query.covisits is not None:  # every partner, not only those proposed
+            pool.covisits = dict(query.covisits)
         return pool
 
     def resolve(self, pool: Pool, keep: CandidateFilter, cap: int) -> list[Candidate]:

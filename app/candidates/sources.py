@@ -14,13 +14,14 @@ the pool each one fills is ``api.candidate_sources``
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol, cast
 
-from feature_store.activity.base import HistoryEntry, watched
+from feature_store.activity.base import HistoryEntry, visited, watched
 from feature_store.catalog.base import CatalogStore
 from feature_store.settings import ApiSettings
 from feature_store.signals.base import CandidateSignals
@@ -66,6 +67,12 @@ class CandidateQuery:
     """Co-visitation read once per request (the source and the ranking bonus share it)."""
 
     @cached_property
+    def visited(self) -> list[HistoryEntry]:
+        """The entries of videos the user watched at all, newest first (co-visitation's
+        seeds)."""
+        return visited(self.history)
+
+    @cached_property
     def watched(self) -> list[HistoryEntry]:
         """The positive entries (what the user valued), newest first."""
         return watched(self.history)
@@ -77,7 +84,7 @@ class Proposal:
 
     videos: list[str]
     weights: list[float] | None = None
-    """Per video, the source's own strength (co-visitation counts), else None."""
+    """Per video, the source's own strength (co-visitation cosines), else None."""
 
 
 class CandidateSource(Protocol):
@@ -114,30 +121,34 @@ class Embedding:
 
 @dataclass(frozen=True)
 class Covisit:
-    """Videos co-watched with the user's ``window`` most recent watches, with the counts."""
+    """Videos co-visited with the user's ``window`` most recent visits, with their cosine
+    (:func:`~feature_store.signals.base.cosine_scores`)."""
 
     signals: CandidateSignals
     window: int
     name: str = COVISIT
     personal: bool = True
 
-    def read(self, query: CandidateQuery, limit: int) -> list[tuple[str, float]]:
-        """The counts, read once per query (the ranking's bonus uses them too)."""
-        (pairs,) = run([self.read_steps(query, limit)])
+    def read(self, query: CandidateQuery) -> list[tuple[str, float]]:
+        """Every partner's cosine, in no particular order, read once per query: the
+        ranking's term scores every candidate co-visited with a seed, whichever source
+        proposed it (on ml-100k's leave-one-out, keeping only the 300 strongest left
+        the held-out video without its term in 256 of 943 questions)."""
+        (pairs,) = run([self.read_steps(query)])
         return cast(list[tuple[str, float]], pairs)
 
-    def read_steps(self, query: CandidateQuery, limit: int) -> Steps[list[tuple[str, float]]]:
+    def read_steps(self, query: CandidateQuery) -> Steps[list[tuple[str, float]]]:
         """:meth:`read` as steps (:mod:`feature_store.sparse.steps`): with Redis signals,
         its read shares a round trip with the request's other reads."""
         if query.covisits is None:
-            recent = [entry.video_id for entry in query.watched[: self.window]]
+            recent = [entry.video_id for entry in query.visited[: self.window]]
             query.covisits = (
-                (yield from stepped(self.signals, "covisited", recent, limit)) if recent else []
+                (yield from stepped(self.signals, "covisited", recent, None)) if recent else []
             )
         return query.covisits
 
     def propose_steps(self, query: CandidateQuery, limit: int) -> Steps[Proposal]:
-        pairs = (yield from self.read_steps(query, limit))[:limit]
+        pairs = heapq.nlargest(limit, (yield from self.read_steps(query)), key=_weight)
         return Proposal([v for v, _ in pairs], [w for _, w in pairs])
 
 
@@ -225,3 +236,7 @@ SOURCE_NAMES = (EMBEDDING, COVISIT, CATEGORIES, CREATORS, TRENDING, FRESH)
 """The names :func:`build_sources` gives (what ``api.candidate_sources`` may name)."""
 PERSONAL = frozenset({EMBEDDING, COVISIT, CATEGORIES, CREATORS})
 """The sources that need a history."""
+
+
+def _weight(pair: tuple[str, float]) -> float:
+    return pair[1]

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+COSINE_UNIT = 0.1
+"""The co-visitation cosine that the ranking counts as ``log 2`` (times
+``covisit_weight``): the term is ``log1p(cosine / COSINE_UNIT)``, about linear below
+a tenth and logarithmic above, so one strong partner does not outweigh the model."""
+
 
 def bonus_terms(
     size: int,
@@ -20,13 +25,14 @@ def bonus_terms(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The three terms the ranking adds to ``log p``, per candidate:
     ``retrieval_weight * (affinity - max affinity)``,
-    ``covisit_weight * log1p(covisit count)`` and
+    ``covisit_weight * log1p(covisit cosine / COSINE_UNIT)`` and
     ``sequence_weight * (sequence logit - max logit)``.
 
     ``affinity`` is the cosine of user and video vectors (None: no towers);
-    ``covisits`` how often each candidate was co-watched with the user's recent
-    watches (None: none known); ``sequence`` the sequence tower's logit of each
-    candidate after the user's recent views (None: no tower, or no known view).
+    ``covisits`` each candidate's co-visitation cosine with the user's recent visits
+    (:func:`feature_store.signals.base.cosine_scores`; None: none known);
+    ``sequence`` the sequence tower's logit of each candidate after the user's recent
+    views (None: no tower, or no known view).
     Subtracting the best keeps a term at most 0, so it only reorders within the
     request (the sequence term is then its log-softmax over the candidates plus a
     per-request constant).
@@ -35,7 +41,7 @@ def bonus_terms(
     if affinity is not None and len(affinity) and retrieval_weight:
         towers = retrieval_weight * (affinity - affinity.max())
     if covisits is not None and covisit_weight:
-        covisited = covisit_weight * np.log1p(covisits)
+        covisited = covisit_weight * np.log1p(covisits / COSINE_UNIT)
     if sequence is not None and len(sequence) and sequence_weight:
         ordered = sequence_weight * (sequence - sequence.max())
     return towers, covisited, ordered

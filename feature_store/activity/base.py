@@ -63,6 +63,19 @@ class HistoryEntry(BaseModel):
         return self.action in POSITIVE_ACTIONS
 
 
+VISIT_ACTIONS = POSITIVE_ACTIONS | {"short"}
+"""History actions that mean the user watched the video at all: the positive ones and a
+``short`` play (a click that did not hold them). Co-visitation counts visits, not
+approval: on ml-100k's leave-one-out, pairing visits instead of positives alone lifts
+the co-visitation term's HR@10 from 0.53 to 0.63 (``docs/benchmarks.md``)."""
+
+
+def visited(history: Iterable[HistoryEntry]) -> list[HistoryEntry]:
+    """The entries of ``history`` the user watched at all (:data:`VISIT_ACTIONS`), in its
+    order: co-visitation's seeds."""
+    return [entry for entry in history if entry.action in VISIT_ACTIONS]
+
+
 def watched(history: Iterable[HistoryEntry]) -> list[HistoryEntry]:
     """The positive entries of ``history``, in its order (what "watched" means)."""
     return [entry for entry in history if entry.action in POSITIVE_ACTIONS]

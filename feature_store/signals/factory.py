@@ -22,9 +22,9 @@ def signal_params(settings: Settings) -> SignalParams:
         half_life_s=api.trending_half_life_s,
         window=api.covisit_window,
         neighbors=api.covisit_neighbors,
+        decay=api.covisit_decay,
         creator_videos=api.creator_videos,
         category_videos=api.category_videos,
-        positive_watch_ratio=settings.features.positive_watch_ratio,
     )
 
 

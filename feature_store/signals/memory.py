@@ -23,8 +23,10 @@ from feature_store.events import Event
 from feature_store.signals.base import (
     RESCALE_EXPONENT,
     SignalParams,
+    cosine_scores,
     covisit_increments,
     interleave,
+    seed_weights,
     trending_increments,
 )
 
@@ -46,6 +48,7 @@ class MemorySignals:
         self._landmark_ms: int | None = None
         self._trend: dict[str, float] = defaultdict(float)
         self._covis: dict[str, dict[str, float]] = defaultdict(dict)
+        self._visits: dict[str, float] = {}
         self._creators: dict[str, dict[str, int]] = defaultdict(dict)
         self._category_of: dict[str, str] = {}
         self._category_trend: dict[str, dict[str, float]] = defaultdict(dict)
@@ -61,9 +64,7 @@ class MemorySignals:
     ) -> None:
         if not events:
             return
-        pairs = covisit_increments(
-            events, histories, self.params.window, self.params.positive_watch_ratio
-        )
+        covisits = covisit_increments(events, histories, self.params.window)
         with self._lock:
             if self._landmark_ms is None:
                 self._landmark_ms = min(e.ts for e in events)
@@ -81,8 +82,10 @@ class MemorySignals:
                         self._category_trend[category] = dict(
                             heapq.nlargest(cap, scores.items(), key=_score)
                         )
+            for video, count in covisits.visits.items():
+                self._visits[video] = self._visits.get(video, 0.0) + count
             touched = set()
-            for (a, b), weight in pairs.items():
+            for (a, b), weight in covisits.pairs.items():
                 row = self._covis[a]
                 row[b] = row.get(b, 0.0) + weight
                 touched.add(a)
@@ -134,13 +137,13 @@ class MemorySignals:
                 self._top, self._top_at = _normalised(top), now
         return self._top[:limit]
 
-    def covisited(self, video_ids: Sequence[str], limit: int) -> list[tuple[str, float]]:
-        sums: dict[str, float] = defaultdict(float)
+    def covisited(
+        self, video_ids: Sequence[str], limit: int | None
+    ) -> list[tuple[str, float]]:
+        seeds = seed_weights(video_ids, self.params.decay)
         with self._lock:
-            for video in video_ids:
-                for other, weight in self._covis.get(video, {}).items():
-                    sums[other] += weight
-        return heapq.nlargest(limit, sums.items(), key=_score)
+            partners = {video: self._covis[video] for video in seeds if video in self._covis}
+            return cosine_scores(partners, seeds, self._visits, limit)
 
     def creator_videos(self, creator_ids: Sequence[str], limit: int) -> list[str]:
         with self._lock:
@@ -170,6 +173,7 @@ class MemorySignals:
                 "landmark_ms": self._landmark_ms,
                 "trend": dict(self._trend),
                 "covis": {k: dict(v) for k, v in self._covis.items()},
+                "visits": dict(self._visits),
                 "creators": {k: dict(v) for k, v in self._creators.items()},
                 "category_trend": {k: dict(v) for k, v in self._category_trend.items()},
             }
@@ -185,6 +189,7 @@ class MemorySignals:
             self._landmark_ms = data.get("landmark_ms")
             self._trend = defaultdict(float, data.get("trend", {}))
             self._covis = defaultdict(dict, data.get("covis", {}))
+            self._visits = dict(data.get("visits", {}))
             self._creators = defaultdict(dict, data.get("creators", {}))
             self._category_trend = defaultdict(dict, data.get("category_trend", {}))
             self._top_at = 0.0

@@ -13,7 +13,6 @@ on the landmark so that it happens once.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -29,6 +28,7 @@ from feature_store.constants import (
     CATEGORY_OF,
     CATEGORY_TRENDING,
     COVISIT,
+    COVISIT_VISITS,
     CREATOR_VIDEOS,
     TRENDING,
     TRENDING_LANDMARK,
@@ -39,8 +39,10 @@ from feature_store.redis_errors import redis_errors
 from feature_store.signals.base import (
     RESCALE_EXPONENT,
     SignalParams,
+    cosine_scores,
     covisit_increments,
     interleave,
+    seed_weights,
     trending_increments,
 )
 from feature_store.sparse.resp import command_steps, score_pairs
@@ -59,14 +61,34 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _strongest(replies: Sequence[Sequence[Any]], limit: int) -> list[tuple[str, float]]:
-    """The partners in ``ZREVRANGE ... WITHSCORES`` replies, weights summed, strongest
-    first, at most ``limit``."""
-    sums: dict[str, float] = defaultdict(float)
-    for rows in replies:
-        for other, weight in rows:
-            sums[_text(other)] += float(weight)
-    return sorted(sums.items(), key=lambda item: item[1], reverse=True)[:limit]
+def _partners(
+    seeds: Mapping[str, float], rows: Sequence[Sequence[Any]]
+) -> dict[str, dict[str, float]]:
+    """Each seed's partner counts from its ``ZREVRANGE ... WITHSCORES`` reply."""
+    return {
+        seed: {_text(other): float(count) for other, count in row}
+        for seed, row in zip(seeds, rows, strict=True)
+    }
+
+
+def _cosine(
+    partners: dict[str, dict[str, float]], seeds: dict[str, float], fields: list[str],
+    counts: Sequence[Any], limit: int | None,
+) -> list[tuple[str, float]]:
+    """:func:`~feature_store.signals.base.cosine_scores` with ``fields``' visits as
+    ``HMGET`` returned them (None: never counted)."""
+    visits = {video: float(n) for video, n in zip(fields, counts, strict=True) if n}
+    return cosine_scores(partners, seeds, visits, limit)
+
+
+def _visit_fields(
+    seeds: Mapping[str, float], partners: Mapping[str, Mapping[str, float]]
+) -> list[str]:
+    """The videos whose visits a cosine needs: the seeds, then every partner, once each."""
+    fields = dict.fromkeys(seeds)
+    for row in partners.values():
+        fields.update(dict.fromkeys(row))
+    return list(fields)
 
 
 class RedisSignals:
@@ -87,9 +109,7 @@ class RedisSignals:
     ) -> None:
         if not events:
             return
-        pairs = covisit_increments(
-            events, histories, self.params.window, self.params.positive_watch_ratio
-        )
+        covisits = covisit_increments(events, histories, self.params.window)
         with signal_errors("record"):
             landmark = self._landmark(min(e.ts for e in events))
             landmark = self._maybe_rescale(landmark, max(e.ts for e in events))
@@ -108,8 +128,10 @@ class RedisSignals:
                 pipe.zremrangebyrank(key, 0, -(self.params.category_videos + 1))
             if touched_categories:
                 pipe.sadd(CATEGORIES, *touched_categories)
+            for video, count in covisits.visits.items():
+                pipe.hincrbyfloat(COVISIT_VISITS, video, count)
             touched: set[str] = set()
-            for (a, b), weight in pairs.items():
+            for (a, b), weight in covisits.pairs.items():
                 pipe.zincrby(COVISIT + a, weight, b)
                 touched.add(a)
             for video in touched:
@@ -202,30 +224,42 @@ class RedisSignals:
         top = rows[0][1] or 1.0
         return [(_text(video), score / top) for video, score in rows]
 
-    def covisited(self, video_ids: Sequence[str], limit: int) -> list[tuple[str, float]]:
-        if not video_ids:
+    def covisited(
+        self, video_ids: Sequence[str], limit: int | None
+    ) -> list[tuple[str, float]]:
+        seeds = seed_weights(video_ids, self.params.decay)
+        if not seeds:
             return []
         with signal_errors("covisited"):
             pipe = self.client.pipeline(transaction=False)
-            for video in video_ids:
-                pipe.zrevrange(COVISIT + video, 0, limit - 1, withscores=True)
-            replies = pipe.execute()
-        return _strongest(replies, limit)
+            for video in seeds:
+                pipe.zrevrange(COVISIT + video, 0, -1, withscores=True)
+            rows = pipe.execute()
+            partners = _partners(seeds, rows)
+            fields = _visit_fields(seeds, partners)
+            counts = self.client.hmget(COVISIT_VISITS, fields)
+        return _cosine(partners, seeds, fields, counts, limit)
 
     def covisited_steps(
-        self, video_ids: Sequence[str], limit: int
+        self, video_ids: Sequence[str], limit: int | None
     ) -> Steps[list[tuple[str, float]]]:
-        """:meth:`covisited` as steps (:mod:`feature_store.sparse.steps`), to be read in the
-        same round trip as other reads of the request (a cluster's: at once)."""
-        if not video_ids or isinstance(self.client, RedisCluster):
+        """:meth:`covisited` as steps (:mod:`feature_store.sparse.steps`): its first round
+        trip (the seeds' partners) shares one with the request's other reads (a cluster's:
+        at once); the second reads the visits of the videos found."""
+        seeds = seed_weights(video_ids, self.params.decay)
+        if not seeds or isinstance(self.client, RedisCluster):
             return self.covisited(video_ids, limit)
-        commands = [
-            ("ZREVRANGE", COVISIT + video, 0, limit - 1, "WITHSCORES") for video in video_ids
-        ]
         replies = yield from command_steps(
-            self.client, commands, StoreUnavailable, "signals covisited failed"
+            self.client, [("ZREVRANGE", COVISIT + video, 0, -1, "WITHSCORES") for video in seeds],
+            StoreUnavailable, "signals covisited failed",
         )
-        return _strongest([score_pairs(reply) for reply in replies], limit)
+        partners = _partners(seeds, [score_pairs(reply) for reply in replies])
+        fields = _visit_fields(seeds, partners)
+        (counts,) = yield from command_steps(
+            self.client, [("HMGET", COVISIT_VISITS, *fields)],
+            StoreUnavailable, "signals covisited failed",
+        )
+        return _cosine(partners, seeds, fields, counts, limit)
 
     def creator_videos(self, creator_ids: Sequence[str], limit: int) -> list[str]:
         return self._interleaved_tops("creator_videos", CREATOR_VIDEOS, creator_ids, limit)

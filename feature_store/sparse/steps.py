@@ -27,8 +27,9 @@ the writes, and finishes them before its journal line.
 The serving path does the same with the stores' reads of a request
 (:func:`stepped`: a Redis store's ``history_steps``, ``read_steps``,
 ``covisited_steps``, else the plain read as one step): the history and
-the feedback in one round trip, the co-visitation counts begun before the
-towers' row reads and finished after them (:func:`alongside`).
+the feedback in one round trip, the co-visitation's partner lists begun
+before the towers' row reads and finished after them (:func:`alongside`),
+then the partners' visits.
 """
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     response = trained.client.post("/v1/recommend", json=body).json()
     explained = response["explanation"]
     assert explained["fusion"] == {"engagement": 1.0} and explained["candidates"] > 10
-    assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.0
+    assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.5
     assert explained["sequence_weight"] == 1.0
     tower = trained.client.get("/v1/status", headers=KEY).json()["sequence"]
     assert tower["fits"] >= 1 and tower["weight"] >= 0

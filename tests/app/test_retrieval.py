@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.candidates.ann import VideoIndex
-from app.scoring.ranking import fuse, ranking_bonus
+from app.scoring.ranking import COSINE_UNIT, fuse, ranking_bonus
 from feature_store.activity.base import HistoryEntry
 from feature_store.catalog.base import Video
 from feature_store.events import EventContext
@@ -163,10 +163,10 @@ def test_index_search_excludes_and_removes() -> None:
 def test_fuse_adds_affinity_and_covisits_to_log_p() -> None:
     p = np.array([0.5, 0.5, 0.2], np.float32)
     affinity = np.array([0.9, 0.1, 0.9], np.float32)
-    counts = np.array([0.0, 0.0, 3.0])
-    fused = fuse(p, ranking_bonus(3, affinity, counts, 0.5, 1.0))
+    cosines = np.array([0.0, 0.0, 0.3])
+    fused = fuse(p, ranking_bonus(3, affinity, cosines, 0.5, 1.0))
     np.testing.assert_allclose(
-        fused, np.log(p) + 0.5 * (affinity - 0.9) + np.log1p(counts), rtol=1e-6
+        fused, np.log(p) + 0.5 * (affinity - 0.9) + np.log1p(cosines / COSINE_UNIT), rtol=1e-6
     )
     assert list(np.argsort(-fused)) == [2, 0, 1]
     np.testing.assert_allclose(

@@ -77,7 +77,9 @@ def test_category_trending_counts_within_each_category(
     assert signals.category_videos(["nothing"], 10) == []
 
 
-def test_covisitation_pairs_new_watch_with_history(signals: MemorySignals | RedisSignals) -> None:
+def test_covisitation_pairs_new_visit_with_recent_visits(
+    signals: MemorySignals | RedisSignals,
+) -> None:
     history = {"u1": [HistoryEntry(video_id="h1", watch_ratio=1.0, ts=BASE_TS)]}
     signals.record([make_event(user_id="u1", video_id="x")], history)
     signals.record(
@@ -85,14 +87,67 @@ def test_covisitation_pairs_new_watch_with_history(signals: MemorySignals | Redi
     )
     assert dict(signals.covisited(["x"], 10)) == {"h1": 1.0}
     assert dict(signals.covisited(["h1"], 10)) == {"x": 1.0, "y": 1.0}
-    # Short plays are not evidence that two videos go together.
-    signals.record(
-        [
-            make_event(user_id="u3", video_id="h1"),
-            make_event(user_id="u3", video_id="z", watch_ms=1000),
-        ]
-    )
-    assert "z" not in dict(signals.covisited(["h1"], 10))
+    # A short play is a visit (the user clicked); a skip and an impression are not.
+    signals.record([
+        make_event(user_id="u3", video_id="h1"),
+        make_event(user_id="u3", video_id="z", watch_ms=1000),
+        make_event(user_id="u3", video_id="skipped", type="skip", watch_ms=0),
+        make_event(user_id="u3", video_id="shown", type="impression", watch_ms=0),
+    ])
+    partners = dict(signals.covisited(["h1"], 10))
+    assert set(partners) == {"x", "y", "z"}
+    # h1 now has two visits: each partner's cosine is 1 / sqrt(2 * 1).
+    assert partners["z"] == pytest.approx(2**-0.5)
+
+
+def test_a_view_is_one_visit_however_many_events_it_sends(
+    signals: MemorySignals | RedisSignals,
+) -> None:
+    """play, finish and like of one view pair once, whether they come in one batch or
+    in several, and whether the history was read before or after the batch."""
+    history = [HistoryEntry(video_id="h1", watch_ratio=1.0, ts=BASE_TS)]
+    play = make_event(user_id="u1", video_id="x", ts=BASE_TS + 10)
+    finish = make_event(user_id="u1", video_id="x", type="finish", ts=BASE_TS + 11)
+    like = make_event(user_id="u1", video_id="x", type="like", ts=BASE_TS + 12)
+    signals.record([play, finish], {"u1": history})
+    after = [HistoryEntry(video_id="x", watch_ratio=1.0, ts=BASE_TS + 11), *history]
+    signals.record([like], {"u1": after})  # the next batch: x was visited before it
+    # One more visit of h1 elsewhere, with the history read after its batch was applied.
+    signals.record([make_event(user_id="u2", video_id="h1", ts=BASE_TS + 20)],
+                   {"u2": [HistoryEntry(video_id="h1", watch_ratio=1.0, ts=BASE_TS + 20)]})
+    # x: one visit, paired once with h1 (one visit counted by the store).
+    assert signals.covisited(["x"], 10) == [("h1", pytest.approx(1.0))]
+
+
+def test_cosine_ranks_a_specific_partner_above_a_popular_one(
+    signals: MemorySignals | RedisSignals,
+) -> None:
+    """The raw count would put the video everybody watches first; the cosine divides by
+    the partner's visits, so what goes with the seed in particular comes first."""
+    batch = []
+    for n in range(3):
+        batch += [make_event(user_id=f"a{n}", video_id="seed"),
+                  make_event(user_id=f"a{n}", video_id="popular")]
+    for n in range(2):
+        batch += [make_event(user_id=f"b{n}", video_id="seed"),
+                  make_event(user_id=f"b{n}", video_id="niche")]
+    batch += [make_event(user_id=f"c{n}", video_id="popular") for n in range(20)]
+    signals.record(batch)
+    got = signals.covisited(["seed"], 10)
+    assert [v for v, _ in got] == ["niche", "popular"]
+    assert dict(got)["niche"] == pytest.approx(2 / (5 * 2) ** 0.5)
+    assert dict(got)["popular"] == pytest.approx(3 / (5 * 23) ** 0.5)
+
+
+def test_recent_visits_weigh_more(signals: MemorySignals | RedisSignals) -> None:
+    """Seeds newest first, each position back weighing ``decay`` times less."""
+    signals.record([
+        make_event(user_id="a", video_id="old"), make_event(user_id="a", video_id="p"),
+        make_event(user_id="b", video_id="new"), make_event(user_id="b", video_id="q"),
+    ])
+    got = dict(signals.covisited(["new", "old"], 10))
+    assert got["q"] == pytest.approx(1.0)
+    assert got["p"] == pytest.approx(PARAMS.decay)
 
 
 def test_covisitation_keeps_strongest_neighbours(signals: MemorySignals | RedisSignals) -> None:
@@ -128,7 +183,7 @@ def test_memory_snapshot_round_trip(tmp_path: Path) -> None:
     second = MemorySignals(PARAMS, top_cache_ms=0)
     second.restore(tmp_path)
     assert {v for v, _ in second.trending(5)} == {"a", "b"}
-    assert second.covisited(["a"], 5) == [("b", 1.0)]
+    assert second.covisited(["a"], 5) == [("b", 1.0)]  # the visits came back too
     assert second.creator_videos(["c9"], 5) == ["v9"]
 
 
