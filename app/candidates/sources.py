@@ -133,7 +133,7 @@ class Covisit:
         """Every partner's cosine, in no particular order, read once per query: the
         ranking's term scores every candidate co-visited with a seed, whichever source
         proposed it (on ml-100k's leave-one-out, keeping only the 300 strongest left
-        the held-out video without its term in 256 of 943 questions)."""
+        the held-out video without its term in 200 of 943 questions)."""
         (pairs,) = run([self.read_steps(query)])
         return cast(list[tuple[str, float]], pairs)
 

@@ -67,7 +67,7 @@ VISIT_ACTIONS = POSITIVE_ACTIONS | {"short"}
 """History actions that mean the user watched the video at all: the positive ones and a
 ``short`` play (a click that did not hold them). Co-visitation counts visits, not
 approval: on ml-100k's leave-one-out, pairing visits instead of positives alone lifts
-the co-visitation term's HR@10 from 0.53 to 0.63 (``docs/benchmarks.md``)."""
+the co-visitation term's HR@10 from 0.51 to 0.59 (``docs/retrieval.md``)."""
 
 
 def visited(history: Iterable[HistoryEntry]) -> list[HistoryEntry]:
