@@ -139,6 +139,12 @@ def scores_of(service: Any, user: str, candidates: list[str]) -> dict[str, float
     return {item.video_id: item.score for item in response.items}
 
 
+def served_version(service: Any) -> str | None:
+    """The model version the service is serving now."""
+    model = service.recommender.holder.current
+    return None if model is None else str(model.version)
+
+
 def top(service: Any, user: str, candidates: list[str]) -> list[str]:
     from app.schemas import RecommendRequest
 
@@ -194,6 +200,7 @@ def probe_opposite(client: Any, service: Any, demo: Any) -> dict[str, Any]:
     pool = [f"v{i}" for i in of_a[6:26] + of_b[6:26]]
     in_a = {f"v{i}" for i in of_a}
     x, y, z = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("likes-a", "likes-b", "bystander"))
+    version_before = served_version(service)
     before_z = top(service, z, pool)
     before_scores_z = scores_of(service, z, pool)
 
@@ -226,6 +233,7 @@ def probe_opposite(client: Any, service: Any, demo: Any) -> dict[str, Any]:
         time.sleep(0.05)
     after_z = top(service, z, pool)
     after_scores_z = scores_of(service, z, pool)
+    version_after = served_version(service)
     moved = max(abs(after_scores_z[v] - before_scores_z[v]) for v in pool
                 if v in after_scores_z and v in before_scores_z)
     return {
@@ -237,6 +245,9 @@ def probe_opposite(client: Any, service: Any, demo: Any) -> dict[str, Any]:
                        "bystander_after": sum(v in in_a for v in after_z)},
         "bystander_top10_unchanged": before_z == after_z,
         "bystander_max_score_change": moved,
+        # An export landing between the two reads moves everyone's scores (the model
+        # learnt from everybody): then the bystander's change says nothing of the users'.
+        "model_swapped_meanwhile": version_before != version_after,
         "users": {"likes_a": x, "likes_b": y, "categories": [f"cat{cat_a}", f"cat{cat_b}"]},
     }
 
