@@ -28,13 +28,12 @@ def explanations(
     heads: Mapping[str, np.ndarray],
     model_scores: np.ndarray,
     scores: np.ndarray,
-    terms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray],
     trace: RerankTrace | None,
 ) -> list[dict[str, Any]]:
     """One explanation per item of the response (``order``: their candidate positions)."""
-    towers, covisited, ordered, rising = terms
-    ranking = (np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0))
-               + towers + covisited + ordered + rising)
+    towers, covisited, ordered = terms
+    ranking = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0)) + towers + covisited + ordered
     notes = _rerank_notes(trace)
     return [
         {
@@ -44,7 +43,6 @@ def explanations(
             "affinity_bonus": float(towers[i]),
             "covisit_bonus": float(covisited[i]),
             "sequence_bonus": float(ordered[i]),
-            "momentum_bonus": float(rising[i]),
             "ranking": float(ranking[i]),
             "rerank": notes.get(i, {}),
         }
@@ -61,7 +59,6 @@ def summary(
         "retrieval_weight": settings.retrieval_weight,
         "covisit_weight": settings.covisit_weight,
         "sequence_weight": settings.sequence_weight,
-        "momentum_weight": settings.momentum_weight,
         "candidates": candidates,
         "excluded": trace.excluded if trace is not None else 0,
     }

@@ -13,9 +13,8 @@ A user in a running experiment's arm is scored by that arm's model instead
 
 Ranking: the items are ordered by :func:`fuse` of the model's probability
 (as the rerank left it) and :func:`ranking_bonus`: the two-tower affinity
-(when the version has towers), the co-visitation cosine, the sequence tower's
-logit and the candidate's momentum (its trending level over its lifetime
-count); each item's ``score`` stays the (reranked) probability.
+(when the version has towers) and the co-visitation cosine; each item's
+``score`` stays the (reranked) probability.
 
 Fallbacks (``fallback: true`` in the response, counted by reason):
 
@@ -55,7 +54,7 @@ from app.rerank import Reranker, RerankTrace
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
 from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder
-from app.scoring.ranking import bonus_terms, fuse, momentum, top_k
+from app.scoring.ranking import bonus_terms, fuse, top_k
 from app.scoring.retrieval import RetrievalModel
 from app.scoring.scorer import Scorer
 from app.served_log import Served, ServedLogWriter
@@ -365,10 +364,8 @@ class Recommender:
             self.settings.covisit_weight,
             learned[1],
             self.settings.sequence_weight,
-            self._momentum(found, query.now_ms),
-            self.settings.momentum_weight,
         )
-        bonus = terms[0] + terms[1] + terms[2] + terms[3]
+        bonus = terms[0] + terms[1] + terms[2]
         if self.rerank is None or not len(found.ids):
             return Ranked(scores, top_k(fuse(scores, bonus), count), terms)
 
@@ -387,19 +384,6 @@ class Recommender:
             feedback,
         )
         return Ranked(reranked, order, terms, trace)
-
-    def _momentum(self, found: Found, now_ms: int) -> np.ndarray | None:
-        """Each candidate's :func:`~app.scoring.ranking.momentum` (None: the term is off,
-        or trending could not be read: the ranking goes on without the term)."""
-        if not self.settings.momentum_weight or not len(found.ids):
-            return None
-        try:
-            levels = self.retriever.signals.trend_levels(found.ids, now_ms)
-        except BACKEND_ERRORS as exc:
-            self.log_summary.record("momentum term left out (trending unreadable)", exc)
-            return None
-        stats = self.scorer.extractor.table.stats[found.rows]
-        return momentum(np.fromiter(levels, np.float64, len(found.ids)), stats)
 
     def _explain(
         self,
@@ -489,7 +473,7 @@ class Ranked(NamedTuple):
     """The reranked probabilities (each item's ``score``)."""
     order: np.ndarray
     """The response's candidate positions, best first."""
-    terms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray]
     """The ranking's bonus terms (:func:`~app.scoring.ranking.bonus_terms`)."""
     trace: RerankTrace | None = None
     """What the rerank did (an explained request only)."""

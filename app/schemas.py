@@ -103,11 +103,8 @@ class ItemExplanation(_Response):
     sequence_bonus: float = 0.0
     """``sequence_weight * (logit - best logit)``: the sequence tower's term (0 when the
     version has none or the user has no view it knows)."""
-    momentum_bonus: float = 0.0
-    """``momentum_weight * log((trending now + 1) / (lifetime + 1))``: the momentum term,
-    at most 0 (a video whose engagement is mostly recent is near 0)."""
     ranking: float
-    """The sort key: ``log(score)`` plus the four bonus terms."""
+    """The sort key: ``log(score) + affinity_bonus + covisit_bonus + sequence_bonus``."""
     rerank: RerankNote
 
 
@@ -119,7 +116,6 @@ class ResponseExplanation(_Response):
     retrieval_weight: float
     covisit_weight: float
     sequence_weight: float = 0.0
-    momentum_weight: float = 0.0
     candidates: int
     """Candidates scored (after the filters)."""
     excluded: int

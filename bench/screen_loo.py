@@ -12,8 +12,7 @@ baselines and offline model. It is for screening; figures for the docs come from
 ``vidrec eval``.
 
 It also records, per question, every candidate's probability, reranked
-probability, two-tower affinity, co-visitation cosine, sequence logit and momentum
-(``--dump FILE.npz``),
+probability, two-tower affinity and co-visitation count (``--dump FILE.npz``),
 and prints the final ranking's HR@10 under a grid of the two bonus weights
 (``api.retrieval_weight``, ``api.covisit_weight``) recomputed from them, and
 under a sweep of ``api.sequence_weight`` with its cross-fitted figure (the
@@ -66,7 +65,6 @@ def record_rankings(into: list[dict[str, Any]]) -> None:
             "affinity": None if affinity is None else np.asarray(affinity, np.float64).copy(),
             "covisits": np.array([covisits.get(v, 0.0) for v in found.ids], np.float64),
             "sequence": None if sequence is None else np.asarray(sequence, np.float64).copy(),
-            "momentum": self._momentum(found, query.now_ms),
         })
         return ranked
 
@@ -83,17 +81,15 @@ def hit_rate(rankings: list[dict[str, Any]], held: list[str], score: Any) -> flo
     return hits / max(1, len(held))
 
 
-def fusion_grid(rankings: list[dict[str, Any]], held: list[str], sequence_weight: float,
-                momentum_weight: float) -> None:
+def fusion_grid(rankings: list[dict[str, Any]], held: list[str], sequence_weight: float) -> None:
     """The final ranking's HR@K for a grid of bonus weights (the reranked probabilities),
-    the sequence and momentum terms at their weights."""
+    the sequence term at ``sequence_weight``."""
     for retrieval in (0.0, 0.5, 1.0, 2.0):
         row = []
         for covisit in (0.0, 0.5, 1.0, 2.0):
             def score(r: dict[str, Any], w: float = retrieval, c: float = covisit) -> np.ndarray:
                 bonus = ranking_bonus(len(r["ids"]), r["affinity"], r["covisits"], w, c,
-                                      r.get("sequence"), sequence_weight, r.get("momentum"),
-                                      momentum_weight)
+                                      r.get("sequence"), sequence_weight)
                 return fuse(r["reranked"], bonus)
             row.append(f"covisit {covisit}: {hit_rate(rankings, held, score):.4f}")
         print(f"retrieval {retrieval}:", ", ".join(row))
@@ -103,7 +99,7 @@ SEQUENCE_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
 def sequence_sweep(rankings: list[dict[str, Any]], held: list[str], even: np.ndarray,
-                   weights: tuple[float, float], momentum_weight: float) -> dict[str, Any]:
+                   weights: tuple[float, float]) -> dict[str, Any]:
     """HR@K of the final ranking per ``api.sequence_weight`` (in sample, for reading), and
     cross-fitted: the weight chosen on the questions of even user ids read on the odd ones
     and vice versa, so the figure is never tuned on the questions it reports."""
@@ -111,7 +107,7 @@ def sequence_sweep(rankings: list[dict[str, Any]], held: list[str], even: np.nda
     for j, w in enumerate(SEQUENCE_WEIGHTS):
         for i, (r, video) in enumerate(zip(rankings, held, strict=True)):
             bonus = ranking_bonus(len(r["ids"]), r["affinity"], r["covisits"], *weights,
-                                  r.get("sequence"), w, r.get("momentum"), momentum_weight)
+                                  r.get("sequence"), w)
             order = np.argsort(-fuse(r["reranked"], bonus), kind="stable")
             hits[j, i] = int(np.flatnonzero(order == r["ids"].index(video))[0]) < K
     crossed = np.zeros(len(held), dtype=bool)
@@ -169,12 +165,11 @@ def main() -> None:
     held = [q.video for q in queries]
     if len(rankings) == len(queries):
         api = settings.api
-        fusion_grid(rankings, held, api.sequence_weight, api.momentum_weight)
+        fusion_grid(rankings, held, api.sequence_weight)
         even = np.array([int("".join(filter(str.isdigit, q.user)) or 0) % 2 == 0
                          for q in queries])
         print(json.dumps(sequence_sweep(rankings, held, even,
-                                        (api.retrieval_weight, api.covisit_weight),
-                                        api.momentum_weight)))
+                                        (api.retrieval_weight, api.covisit_weight))))
     if args.dump is not None:
         np.savez_compressed(args.dump, held=np.array(held),
                             users=np.array([q.user for q in queries]),

@@ -316,10 +316,7 @@ class ApiSettings(_Section):
     fallback_refresh_s: float = Field(2.0, gt=0)
     """How often the degraded-mode popular list is refreshed while backends are up."""
     trending_half_life_s: float = Field(3600.0, gt=0)
-    """Half-life of the trending counts' exponential decay, seconds of event time: what
-    "recent" means for the trending source and for the ranking's momentum term
-    (``momentum_weight``). An evaluation sets it to its dataset's timescale
-    (``vidrec eval``'s ``half_life_days``, 7 days for MovieLens)."""
+    """Half-life of the trending counts' exponential decay, seconds of event time."""
     covisit_window: int = Field(10, ge=1, le=100)
     """Recent visits of a user paired with each new visit for co-visitation, and read
     as the co-visitation's seeds."""
@@ -344,13 +341,6 @@ class ApiSettings(_Section):
     (``trainer/sequence_weight.py``: the tower's logit in units of the ranker's log-odds,
     fit on the stream) times ``logit - best logit`` over the request's candidates.
     1.0: as learnt; 0: the term off."""
-    momentum_weight: float = Field(0.75, ge=0, le=100)
-    """Weight of a candidate's momentum, ``log((trending now + 1) / (lifetime + 1))``
-    (at most 0; ``app/scoring/ranking.py``), in the ranking score, in log-probability
-    units: a video whose engagement is mostly recent gains on one whose audience has
-    moved on, which the model's lifetime counters do not tell apart. Chosen on ml-100k's
-    validation questions (each user's second-to-last view) at a 7-day half-life
-    (``docs/benchmarks.md``, *Momentum*); 0: the term off (no trending read)."""
     covisit_weight: float = Field(1.5, ge=0, le=100)
     """Weight of ``log1p(co-visitation cosine / 0.1)`` in the ranking score, in
     log-probability units (``app/scoring/ranking.py``); the co-watch evidence the

@@ -92,9 +92,6 @@ class Retriever:
         videos: Callable[[Sequence[str]], list[Video | None]] | None = None,
     ) -> None:
         self.catalog = catalog
-        self.signals = signals
-        """Trending, co-visitation, uploads: the sources' store (the ranking's momentum
-        term reads its trending levels too)."""
         self.settings = settings
         self.videos = videos or catalog.get_many
         """Bulk catalog read used to filter (the service passes its cached reader)."""

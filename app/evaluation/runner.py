@@ -284,11 +284,8 @@ def eval_settings(
         # The service's ONNX session on CPU: the figures are quality, not speed. Nothing
         # reused by wall time (read caches, kept anonymous scores): a question reads the
         # state of its moment in the replay, however fast the machine replays.
-        # "Recent" at the dataset's timescale, as the recent-popularity baseline counts it:
-        # the production default (1 h of event time) is a few dozen MovieLens ratings.
         "api": {"signal_feed": False, "model_poll_interval_s": 3600, "onnx_provider": "cpu",
-                "hot_row_cache_ttl_ms": 0, "trending_half_life_s": cfg.half_life_days * 86_400.0,
-                **_full_ranking_caps(cfg, catalog_size)},
+                "hot_row_cache_ttl_ms": 0, **_full_ranking_caps(cfg, catalog_size)},
         "sparse": {"backend": backend, "model_name": f"eval{int(time.time())}"},
         "stores": {"backend": backend},
     }

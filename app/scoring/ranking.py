@@ -8,33 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from feature_store.event_types import MEANINGS
-from feature_store.features.dense import STAT_FIELDS
-
 COSINE_UNIT = 0.1
 """The co-visitation cosine that the ranking counts as ``log 2`` (times
 ``covisit_weight``): the term is ``log1p(cosine / COSINE_UNIT)``, about linear below
 a tenth and logarithmic above, so one strong partner does not outweigh the model."""
-
-
-LIFETIME_WEIGHTS = np.array(
-    [sum(m.trending for m in MEANINGS.values() if m.counter == field) for field in STAT_FIELDS]
-)
-"""Trending's weight of each counter column (``STAT_FIELDS`` order; 0 for the others):
-``stats @ LIFETIME_WEIGHTS`` is a video's trending count never decayed, the lifetime
-its :func:`momentum` divides by."""
-
-
-def momentum(levels: np.ndarray, stats: np.ndarray) -> np.ndarray:
-    """Each video's ``log((trending now + 1) / (lifetime + 1))``, at most 0: how much of
-    its engagement is recent (near 0 when most of it is, very negative for a video
-    whose audience has moved on). ``levels``: the trending counts decayed to the
-    request's moment (:meth:`~feature_store.signals.base.CandidateSignals.trend_levels`);
-    ``stats``: the videos' counters (``STAT_FIELDS`` columns). The two are written by the
-    same feed from the same events, but not at once, so a level read a moment ahead of
-    its counters is clipped at the lifetime."""
-    lifetime = stats @ LIFETIME_WEIGHTS
-    return np.log1p(np.minimum(levels, lifetime)) - np.log1p(lifetime)
 
 
 def bonus_terms(
@@ -45,35 +22,29 @@ def bonus_terms(
     covisit_weight: float,
     sequence: np.ndarray | None = None,
     sequence_weight: float = 0.0,
-    momentum: np.ndarray | None = None,
-    momentum_weight: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The four terms the ranking adds to ``log p``, per candidate:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three terms the ranking adds to ``log p``, per candidate:
     ``retrieval_weight * (affinity - max affinity)``,
-    ``covisit_weight * log1p(covisit cosine / COSINE_UNIT)``,
-    ``sequence_weight * (sequence logit - max logit)`` and
-    ``momentum_weight * momentum`` (:func:`momentum`, at most 0).
+    ``covisit_weight * log1p(covisit cosine / COSINE_UNIT)`` and
+    ``sequence_weight * (sequence logit - max logit)``.
 
     ``affinity`` is the cosine of user and video vectors (None: no towers);
     ``covisits`` each candidate's co-visitation cosine with the user's recent visits
     (:func:`feature_store.signals.base.cosine_scores`; None: none known);
     ``sequence`` the sequence tower's logit of each candidate after the user's recent
-    views (None: no tower, or no known view); ``momentum`` each candidate's
-    :func:`momentum` (None: not read).
+    views (None: no tower, or no known view).
     Subtracting the best keeps a term at most 0, so it only reorders within the
     request (the sequence term is then its log-softmax over the candidates plus a
     per-request constant).
     """
-    towers, covisited, ordered, rising = (np.zeros(size) for _ in range(4))
+    towers, covisited, ordered = np.zeros(size), np.zeros(size), np.zeros(size)
     if affinity is not None and len(affinity) and retrieval_weight:
         towers = retrieval_weight * (affinity - affinity.max())
     if covisits is not None and covisit_weight:
         covisited = covisit_weight * np.log1p(covisits / COSINE_UNIT)
     if sequence is not None and len(sequence) and sequence_weight:
         ordered = sequence_weight * (sequence - sequence.max())
-    if momentum is not None and momentum_weight:
-        rising = momentum_weight * momentum
-    return towers, covisited, ordered, rising
+    return towers, covisited, ordered
 
 
 def ranking_bonus(
@@ -84,15 +55,12 @@ def ranking_bonus(
     covisit_weight: float,
     sequence: np.ndarray | None = None,
     sequence_weight: float = 0.0,
-    momentum: np.ndarray | None = None,
-    momentum_weight: float = 0.0,
 ) -> np.ndarray:
     """What the ranking adds to ``log p``: the sum of :func:`bonus_terms`."""
-    towers, covisited, ordered, rising = bonus_terms(
-        size, affinity, covisits, retrieval_weight, covisit_weight, sequence, sequence_weight,
-        momentum, momentum_weight,
+    towers, covisited, ordered = bonus_terms(
+        size, affinity, covisits, retrieval_weight, covisit_weight, sequence, sequence_weight
     )
-    return towers + covisited + ordered + rising
+    return towers + covisited + ordered
 
 
 def top_k(ranking: np.ndarray, count: int) -> np.ndarray:

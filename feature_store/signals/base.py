@@ -107,13 +107,6 @@ def trending_increments(
     return out
 
 
-def decay_factor(landmark_ms: int, now_ms: int, half_life_s: float) -> float:
-    """What turns a forward-decayed trending score (landmark ``landmark_ms``) into the
-    count decayed to ``now_ms``: ``2 ** ((landmark - now) / half_life)``."""
-    exponent = (landmark_ms - now_ms) / (half_life_s * 1000.0)
-    return 2.0 ** min(exponent, RESCALE_EXPONENT)
-
-
 def is_visit(event: Event) -> bool:
     """The user watched the video at all: a ``play`` of any length or a positive
     engagement (not an impression, a skip or a dislike)."""
@@ -252,13 +245,6 @@ class CandidateSignals(Protocol):
 
     def trending(self, limit: int) -> list[tuple[str, float]]:
         """Top videos by decayed engagement, strongest first, with relative scores."""
-        ...
-
-    def trend_levels(self, video_ids: Sequence[str], now_ms: int) -> list[float]:
-        """Each video's trending count decayed to ``now_ms`` (ms of event time): its
-        engagements weighted by :data:`EVENT_WEIGHTS`, each halved every ``half_life_s``
-        since it happened; 0 for a video never engaged. The ranking's momentum term
-        (:func:`app.scoring.ranking.momentum`) divides it by the undecayed count."""
         ...
 
     def covisited(

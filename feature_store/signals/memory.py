@@ -25,7 +25,6 @@ from feature_store.signals.base import (
     SignalParams,
     cosine_scores,
     covisit_increments,
-    decay_factor,
     interleave,
     seed_weights,
     trending_increments,
@@ -137,14 +136,6 @@ class MemorySignals:
                 top = heapq.nlargest(_TOP_KEEP, self._trend.items(), key=_score)
                 self._top, self._top_at = _normalised(top), now
         return self._top[:limit]
-
-    def trend_levels(self, video_ids: Sequence[str], now_ms: int) -> list[float]:
-        with self._lock:
-            if self._landmark_ms is None:
-                return [0.0] * len(video_ids)
-            factor = decay_factor(self._landmark_ms, now_ms, self.params.half_life_s)
-            trend = self._trend.get  # not the defaultdict's []: a read must not add keys
-            return [trend(video, 0.0) * factor for video in video_ids]
 
     def covisited(
         self, video_ids: Sequence[str], limit: int | None

@@ -41,7 +41,6 @@ from feature_store.signals.base import (
     SignalParams,
     cosine_scores,
     covisit_increments,
-    decay_factor,
     interleave,
     seed_weights,
     trending_increments,
@@ -80,16 +79,6 @@ def _cosine(
     ``HMGET`` returned them (None: never counted)."""
     visits = {video: float(n) for video, n in zip(fields, counts, strict=True) if n}
     return cosine_scores(partners, seeds, visits, limit)
-
-
-def _levels(landmark: Any, scores: Sequence[Any] | None, now_ms: int,
-            half_life_s: float) -> list[float]:
-    """:meth:`RedisSignals.trend_levels` from the landmark's ``GET`` and the ``ZMSCORE``
-    reply (None per video never engaged)."""
-    if landmark is None or not scores:
-        return [0.0] * (len(scores) if scores else 0)
-    factor = decay_factor(int(landmark), now_ms, half_life_s)
-    return [float(score) * factor if score is not None else 0.0 for score in scores]
 
 
 def _visit_fields(
@@ -234,20 +223,6 @@ class RedisSignals:
             return []
         top = rows[0][1] or 1.0
         return [(_text(video), score / top) for video, score in rows]
-
-    def trend_levels(self, video_ids: Sequence[str], now_ms: int) -> list[float]:
-        if not video_ids:
-            return []
-        with signal_errors("trend_levels"):
-            if isinstance(self.client, RedisCluster):  # the landmark and scores: two slots
-                landmark, scores = (self.client.get(TRENDING_LANDMARK),
-                                    self.client.zmscore(TRENDING, list(video_ids)))
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.get(TRENDING_LANDMARK)
-                pipe.zmscore(TRENDING, list(video_ids))
-                landmark, scores = pipe.execute()
-        return _levels(landmark, scores, now_ms, self.params.half_life_s)
 
     def covisited(
         self, video_ids: Sequence[str], limit: int | None

@@ -293,7 +293,7 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     explained = response["explanation"]
     assert explained["fusion"] == {"engagement": 1.0} and explained["candidates"] > 10
     assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.5
-    assert explained["sequence_weight"] == 1.0 and explained["momentum_weight"] == 0.75
+    assert explained["sequence_weight"] == 1.0
     tower = trained.client.get("/v1/status", headers=KEY).json()["sequence"]
     assert tower["fits"] >= 1 and tower["weight"] >= 0
     rankings = []
@@ -303,10 +303,10 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
         assert set(why["heads"]) >= {"engagement"}
         assert why["model_score"] == pytest.approx(why["heads"]["engagement"], rel=1e-5)
         assert why["affinity_bonus"] <= 0 <= why["covisit_bonus"]
-        assert why["sequence_bonus"] <= 0 and why["momentum_bonus"] <= 0
+        assert why["sequence_bonus"] <= 0
         assert why["ranking"] == pytest.approx(
             np.log(item["score"]) + why["affinity_bonus"] + why["covisit_bonus"]
-            + why["sequence_bonus"] + why["momentum_bonus"], rel=1e-5
+            + why["sequence_bonus"], rel=1e-5
         )
         if why["rerank"]["new_video"]:
             assert 0 < why["rerank"]["prior"] < 1 and why["rerank"]["lift"] is not None

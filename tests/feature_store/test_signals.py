@@ -54,24 +54,6 @@ def test_rescale_keeps_ranking(signals: MemorySignals | RedisSignals) -> None:
     assert [v for v, _ in signals.trending(3)] == ["c", "b", "a"]
 
 
-def test_trend_levels_are_the_counts_decayed_to_the_moment_asked(
-    signals: MemorySignals | RedisSignals,
-) -> None:
-    """The momentum term's numerator: weighted engagements (a finish counts 2, a play 1),
-    halved per half-life since they happened, whatever rescales happened between; 0 for a
-    video never engaged, and nothing before the first event."""
-    assert signals.trend_levels(["a"], BASE_TS) == [0.0]
-    signals.record([make_event(video_id="a", ts=BASE_TS, event_id="a1"),
-                    make_event(video_id="a", type="finish", ts=BASE_TS, event_id="a2")])
-    hour = 3600 * 1000
-    assert signals.trend_levels(["a", "never", "a"], BASE_TS) == pytest.approx([3.0, 0.0, 3.0])
-    assert signals.trend_levels(["a"], BASE_TS + 2 * hour) == pytest.approx([0.75])
-    far = BASE_TS + 100 * hour  # forces a rescale of the stored scores
-    signals.record([make_event(video_id="b", ts=far, event_id="b1")])
-    assert signals.trend_levels(["b", "a"], far) == pytest.approx([1.0, 3.0 * 2.0 ** -100])
-    assert signals.trend_levels([], far) == []
-
-
 def test_category_trending_counts_within_each_category(
     signals: MemorySignals | RedisSignals,
 ) -> None:
