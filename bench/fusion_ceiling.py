@@ -4,7 +4,7 @@
     python -m bench.fusion_ceiling F.npz ../shared/datasets/ml-100k/u.data
 
 Reads a ``screen_loo`` dump (per question: every candidate's reranked
-probability, co-visitation count, two-tower affinity and sequence logit, and
+probability, co-visitation cosine, two-tower affinity and sequence logit, and
 the question's moment) and the ratings it replayed, and scores fusions of
 those signals fitted by a listwise softmax (the held-out video against the
 question's other candidates). Every figure is cross-fitted: fitted on the
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.scoring.ranking import fuse, ranking_bonus
+from app.scoring.ranking import COSINE_UNIT, fuse, ranking_bonus
 from bench.machine import cpu_model
 from feature_store.settings import ApiSettings
 
@@ -74,7 +74,7 @@ def features(dump: Any, times: dict[str, list[int]], shift_ms: int) -> tuple[tor
         sequence, affinity = ranking["sequence"], ranking["affinity"]
         columns = [
             np.log(np.clip(ranking["reranked"], 1e-9, 1.0)),
-            np.log1p(ranking["covisits"]),
+            np.log1p(ranking["covisits"] / COSINE_UNIT),
             np.zeros(n) if sequence is None else sequence - sequence.max(),
             np.zeros(n) if affinity is None else affinity - affinity.max(),
             np.log1p([count(v, -np.inf) for v in ids]),

@@ -21,6 +21,10 @@ variant is scored on the same questions without another replay.
 
     python -m bench.screen_loo ../shared/datasets/ml-100k [--settings JSON] [--dump F]
 
+``--validate`` replays the dataset without each user's last view, so the questions
+are the second-to-last views and the test views are never read: where a setting is
+chosen before it is read on the test questions (``bench/momentum_screen.py``).
+
 ``--settings`` merges sections over the evaluation's, e.g.
 ``'{"features": {"history_in_model": 50}}'``.
 """
@@ -137,6 +141,26 @@ def replay_figures(samples: Any, queries: list[Any]) -> dict[str, float]:
     }
 
 
+def validation_copy(dataset: Path, into: Path) -> Path:
+    """A MovieLens 100K directory in ``into`` without each user's last rating (by time,
+    ties in file order, as the evaluation holds it out): its other files linked, not
+    copied (the data's license forbids redistributing it; this lives in a temp dir)."""
+    if not (dataset / "u.data").is_file():
+        raise SystemExit(f"--validate reads MovieLens 100K (u.data): not in {dataset}")
+    into.mkdir()
+    for item in dataset.iterdir():
+        if item.name != "u.data":
+            (into / item.name).symlink_to(item.resolve())
+    rows = (dataset / "u.data").read_text(encoding="latin-1").splitlines()
+    last: dict[str, int] = {}
+    for i in sorted(range(len(rows)), key=lambda i: int(rows[i].split("\t")[3])):
+        last[rows[i].split("\t")[0]] = i
+    dropped = set(last.values())
+    (into / "u.data").write_text(
+        "".join(row + "\n" for i, row in enumerate(rows) if i not in dropped), encoding="latin-1")
+    return into
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("dataset", type=Path)
@@ -145,14 +169,19 @@ def main() -> None:
     p.add_argument("--dump", type=Path, default=None, help="per-question arrays (.npz)")
     p.add_argument("--limit", type=int, default=None, help="first events only (a smoke run)")
     p.add_argument("--catalog", type=Path, default=None, help="videos of a CSV dataset")
+    p.add_argument("--validate", action="store_true",
+                   help="ask each user's second-to-last view (the last never read)")
     args = p.parse_args()
     rankings: list[dict[str, Any]] = []
     record_rankings(rankings)
-    cfg = runner.EvalConfig(args.dataset, protocol="loo", negatives=1, progress=False,
-                            settings=json.loads(args.settings), full_ranking=args.full_ranking,
-                            limit=args.limit, catalog=args.catalog)
     cpu, wall = time.process_time(), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vidrec-screen-") as tmp:
+        dataset = validation_copy(args.dataset, Path(tmp) / "validation") if args.validate \
+            else args.dataset
+        cfg = runner.EvalConfig(dataset, protocol="loo", negatives=1, progress=False,
+                                settings=json.loads(args.settings),
+                                full_ranking=args.full_ranking, limit=args.limit,
+                                catalog=args.catalog)
         stream, settings, queries = runner.prepare(cfg, Path(tmp))
         with open_resources(settings) as resources:
             resources.catalog.upsert(stream.videos)
