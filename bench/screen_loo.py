@@ -143,7 +143,7 @@ def replay_figures(samples: Any, queries: list[Any]) -> dict[str, float]:
 
 def validation_copy(dataset: Path, into: Path) -> Path:
     """A MovieLens 100K directory in ``into`` without each user's last rating (by time,
-    ties in file order, as the evaluation holds it out): its other files linked, not
+    ties in file order; the replay then holds out the one before it): its other files linked, not
     copied (the data's license forbids redistributing it; this lives in a temp dir)."""
     if not (dataset / "u.data").is_file():
         raise SystemExit(f"--validate reads MovieLens 100K (u.data): not in {dataset}")
