@@ -2,6 +2,8 @@
 
     python -m bench.screen_loo ../shared/datasets/ml-100k --dump F.npz
     python -m bench.als_signal_screen F.npz ../shared/datasets/ml-100k/u.data
+    python -m bench.screen_loo ../shared/datasets/ml-100k --validate --dump V.npz
+    python -m bench.als_signal_screen V.npz ../shared/datasets/ml-100k/u.data --validate
 
 Reads a ``screen_loo`` dump and the ratings it replayed, scores every question's
 candidates with the evaluation's own ALS baseline
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,20 @@ from bench.fusion_ceiling import (
     views_before,
 )
 from bench.machine import cpu_model
+from bench.screen_loo import validation_copy
+
+
+class NewestPairs(MatrixFactorization):
+    """The evaluation's ALS with each user folded in from their newest ``history`` pairs
+    before the moment (what a service that keeps a capped history could solve from)."""
+
+    def __init__(self, *args: object, history: int, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.history = history
+
+    def _user_items(self, user: str, before: int) -> np.ndarray | None:
+        items = super()._user_items(user, before)
+        return None if items is None else items[-self.history:]
 
 
 def als_column(dump: np.lib.npyio.NpzFile, ratings: Path, shift_ms: int, width: int,
@@ -53,20 +70,15 @@ def als_column(dump: np.lib.npyio.NpzFile, ratings: Path, shift_ms: int, width: 
     videos = ["ml" + rows[i][1] for i in order]
     times = np.array([int(rows[i][3]) * 1000 for i in order])
     positive = np.array([(u, v) not in held for u, v in zip(users, videos, strict=True)])
-    mf = MatrixFactorization(users, videos, positive, params)
+    mf = (MatrixFactorization(users, videos, positive, params) if history is None
+          else NewestPairs(users, videos, positive, params, history=history))
     moments = dump["ts"] - shift_ms
     asked = np.argsort(moments, kind="stable")
     out = np.zeros((len(moments), width))
     for q in asked.tolist():
         ids = list(dump["rankings"][q]["ids"])
         before = int(np.searchsorted(times, moments[q]))
-        if history is not None:
-            newest = mf._user_items
-            mf._user_items = lambda u, b, f=newest: (  # type: ignore[method-assign]
-                None if (items := f(u, b)) is None else items[-history:])
         s = mf.scores(str(dump["users"][q]), ids, before)
-        if history is not None:
-            del mf._user_items
         finite = np.isfinite(s)
         s = np.where(finite, s, s[finite].min() if finite.any() else 0.0)
         out[q, :len(ids)] = (s - s.mean()) / (s.std() + 1e-9)
@@ -80,8 +92,19 @@ def main() -> None:
     parser.add_argument("ratings", type=Path)
     parser.add_argument("--refit-every", type=int, default=AlsParams().refit_every)
     parser.add_argument("--history", type=int, default=None)
+    parser.add_argument("--validate", action="store_true",
+                        help="a screen_loo --validate dump: drop each user's last rating, "
+                             "as its replay did (ratings: the dataset's u.data)")
     args = parser.parse_args()
     dump = np.load(args.dump, allow_pickle=True)
+    with tempfile.TemporaryDirectory(prefix="vidrec-als-") as tmp:
+        if args.validate:
+            args.ratings = validation_copy(args.ratings.parent, Path(tmp) / "v") / "u.data"
+        report(args, dump)
+
+
+def report(args: argparse.Namespace, dump: np.lib.npyio.NpzFile) -> None:
+    """Scores the ALS column and prints the fusions (see the module doc)."""
     shift = shift_of(dump, args.ratings)
     x, mask, target = features(dump, views_before(args.ratings), shift)
     als = als_column(dump, args.ratings, shift, x.shape[1],
