@@ -331,9 +331,10 @@ class SequenceTrainer:
             kept = self.fusion.take()
         serving = self.published
         weight = self.fusion.update(None if serving is None else serving.tower, kept)
-        self.fitted, self.fits = started.count, self.fits + 1
-        self.published = Published.of(state, self.settings, started.ids, self.fits,
+        # Published before ``fits`` counts it: a reader that saw the count must find the tower.
+        self.published = Published.of(state, self.settings, started.ids, self.fits + 1,
                                       started.count, weight)
+        self.fitted, self.fits = started.count, self.fits + 1
         self.refit_seconds = time.perf_counter() - started.at
         return True
 
