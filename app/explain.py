@@ -5,7 +5,7 @@ head's prediction from the one model run, the bonus terms, the rerank's
 trace), so an engineer can answer "why was this video shown to this
 user" from the response alone: which sources proposed it, what each ranking
 head predicted, how the heads were fused, what the two-tower,
-co-visitation and sequence terms added to the ranking, and what the rerank did (a new
+co-visitation, sequence and factorisation terms added to the ranking, and what the rerank did (a new
 video's prior and the user's lifts, an exploration slot, a creator demotion).
 """
 
@@ -28,12 +28,13 @@ def explanations(
     heads: Mapping[str, np.ndarray],
     model_scores: np.ndarray,
     scores: np.ndarray,
-    terms: tuple[np.ndarray, np.ndarray, np.ndarray],
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     trace: RerankTrace | None,
 ) -> list[dict[str, Any]]:
     """One explanation per item of the response (``order``: their candidate positions)."""
-    towers, covisited, ordered = terms
-    ranking = np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0)) + towers + covisited + ordered
+    towers, covisited, ordered, factored = terms
+    ranking = (np.log(np.clip(scores.astype(np.float64), 1e-9, 1.0))
+               + towers + covisited + ordered + factored)
     notes = _rerank_notes(trace)
     return [
         {
@@ -43,6 +44,7 @@ def explanations(
             "affinity_bonus": float(towers[i]),
             "covisit_bonus": float(covisited[i]),
             "sequence_bonus": float(ordered[i]),
+            "factorization_bonus": float(factored[i]),
             "ranking": float(ranking[i]),
             "rerank": notes.get(i, {}),
         }
@@ -59,6 +61,7 @@ def summary(
         "retrieval_weight": settings.retrieval_weight,
         "covisit_weight": settings.covisit_weight,
         "sequence_weight": settings.sequence_weight,
+        "factorization_weight": settings.factorization_weight,
         "candidates": candidates,
         "excluded": trace.excluded if trace is not None else 0,
     }

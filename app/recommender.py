@@ -52,6 +52,7 @@ from app.explain import explanations, summary
 from app.metrics import Metrics
 from app.rerank import Reranker, RerankTrace
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
+from app.scoring.factorization import factorization_scores
 from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder
 from app.scoring.ranking import bonus_terms, fuse, top_k
@@ -61,6 +62,7 @@ from app.served_log import Served, ServedLogWriter
 from feature_store.activity.base import ActivityStore, HistoryEntry
 from feature_store.errors import BackendUnavailable, InvalidInput
 from feature_store.events import check_id
+from feature_store.factors.base import FactorStore
 from feature_store.features.batch import Indices
 from feature_store.recommendation_ids import RecommendationIds
 from feature_store.redis_errors import REDIS_FAILURES
@@ -133,6 +135,7 @@ class Recommender:
         rerank: Reranker | None = None,
         ids: RecommendationIds | None = None,
         log_summary: LogSummary | None = None,
+        factors: FactorStore | None = None,
     ) -> None:
         self.clock = clock
         """Seconds since the epoch of "now" (an evaluation replays history at event time)."""
@@ -157,6 +160,8 @@ class Recommender:
         self.ids = ids or RecommendationIds(secrets.token_bytes(32))
         """Issues each response's ``recommendation_id`` (default: ids of this process only)."""
         self.log_summary = log_summary or LogSummary(log)
+        self.factors = factors
+        """The live factorisation's factors (None: no such term)."""
         """Where degraded answers are logged: one line per interval, with counts."""
 
     def validate(self, request: RecommendRequest) -> int:
@@ -244,8 +249,12 @@ class Recommender:
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
         ordered = _sequence_logits(model, history, found.ids)
+        factorized = (
+            factorization_scores(self.factors, request.user_id, found.ids)
+            if self.factors is not None and self.settings.factorization_weight else None
+        )
         ranked = self._rank(
-            request, query, found, scores, (affinity, ordered), count, model, fusion,
+            request, query, found, scores, (affinity, ordered, factorized), count, model, fusion,
             (new, reference), feedback,
         )
         order = ranked.order
@@ -342,7 +351,7 @@ class Recommender:
         query: CandidateQuery,
         found: Found,
         scores: np.ndarray,
-        learned: tuple[np.ndarray | None, np.ndarray | None],
+        learned: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None],
         count: int,
         model: LoadedModel,
         fusion: Fusion | None,
@@ -353,7 +362,8 @@ class Recommender:
         ``scored_anonymous``: candidate positions and their anonymous scores, scored with
         the user's (what the cold start asks for, see :meth:`Scorer.score_rows`).
         ``feedback``: the user's, read with the history (None: the rerank reads it).
-        ``learned``: the two-tower affinity and the sequence tower's logits (None: none)."""
+        ``learned``: the two-tower affinity, the sequence tower's logits and the live
+        factorisation's standardised scores (None: none)."""
         covisits = found.pool.covisits
         terms = bonus_terms(
             len(found.ids),
@@ -364,8 +374,10 @@ class Recommender:
             self.settings.covisit_weight,
             learned[1],
             self.settings.sequence_weight,
+            learned[2],
+            self.settings.factorization_weight,
         )
-        bonus = terms[0] + terms[1] + terms[2]
+        bonus = terms[0] + terms[1] + terms[2] + terms[3]
         if self.rerank is None or not len(found.ids):
             return Ranked(scores, top_k(fuse(scores, bonus), count), terms)
 
@@ -473,7 +485,7 @@ class Ranked(NamedTuple):
     """The reranked probabilities (each item's ``score``)."""
     order: np.ndarray
     """The response's candidate positions, best first."""
-    terms: tuple[np.ndarray, np.ndarray, np.ndarray]
+    terms: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     """The ranking's bonus terms (:func:`~app.scoring.ranking.bonus_terms`)."""
     trace: RerankTrace | None = None
     """What the rerank did (an explained request only)."""

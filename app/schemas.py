@@ -103,8 +103,12 @@ class ItemExplanation(_Response):
     sequence_bonus: float = 0.0
     """``sequence_weight * (logit - best logit)``: the sequence tower's term (0 when the
     version has none or the user has no view it knows)."""
+    factorization_bonus: float = 0.0
+    """``factorization_weight * (standardised score - best)``: the live matrix
+    factorisation's term (0 when the user or the video has no factor yet)."""
     ranking: float
-    """The sort key: ``log(score) + affinity_bonus + covisit_bonus + sequence_bonus``."""
+    """The sort key: ``log(score) + affinity_bonus + covisit_bonus + sequence_bonus +
+    factorization_bonus``."""
     rerank: RerankNote
 
 
@@ -116,6 +120,7 @@ class ResponseExplanation(_Response):
     retrieval_weight: float
     covisit_weight: float
     sequence_weight: float = 0.0
+    factorization_weight: float = 0.0
     candidates: int
     """Candidates scored (after the filters)."""
     excluded: int

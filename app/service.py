@@ -274,6 +274,7 @@ def _open_service(
         rerank=Reranker(settings.rerank, feedback),
         ids=RecommendationIds.for_key(api.admin_key.get_secret_value()),
         log_summary=summary,
+        factors=resources.factors,
     )
     checkpoints = open_checkpoints(resources)
     with ExitStack() as stack:

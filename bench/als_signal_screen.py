@@ -120,6 +120,12 @@ def report(args: argparse.Namespace, dump: np.lib.npyio.NpzFile) -> None:
                            ("linear four signals + ALS", [0, 1, 2, 3, column])):
         print(f"{label}, cross-fitted: "
               f"{cross_fitted(linear, x, mask, target, even, columns):.4f}")
+    net = linear(x, mask, target, [0, 1, 2, 3, column])
+    w = net.weight.detach()[0].tolist()
+    print("linear four signals + ALS, fitted on every question, in the service's units "
+          f"(per unit of log p): covisit_weight {w[1] / w[0]:.3f}, sequence_weight "
+          f"{w[2] / w[0]:.3f}, retrieval_weight {w[3] / w[0]:.3f}, factorization_weight "
+          f"{w[4] / w[0]:.3f}")
     for w in (0.0, 0.1, 0.2, 0.3, 0.5, 0.8):
         fused = x[:, :, SERVICE] + w * x[:, :, column]
         print(f"service + {w} * ALS (in sample): {hit_rate(fused, mask, target):.4f}")

@@ -40,7 +40,7 @@ from feature_store.settings import ApiSettings
 K = 10
 DAY_MS = 86_400_000
 SIGNALS = ("log p", "co-visits", "sequence", "affinity", "views", "no sequence",
-           "views 1d", "views 7d", "views 30d")
+           "views 1d", "views 7d", "views 30d", "factorization")
 SERVICE = len(SIGNALS)
 """The column of the service's own final score."""
 
@@ -72,6 +72,7 @@ def features(dump: Any, times: dict[str, list[int]], shift_ms: int) -> tuple[tor
             return bisect.bisect_left(times[v], until) - bisect.bisect_left(times[v], since)
 
         sequence, affinity = ranking["sequence"], ranking["affinity"]
+        factorized = ranking.get("factorized")  # dumps from before the term: none
         columns = [
             np.log(np.clip(ranking["reranked"], 1e-9, 1.0)),
             np.log1p(ranking["covisits"] / COSINE_UNIT),
@@ -80,9 +81,10 @@ def features(dump: Any, times: dict[str, list[int]], shift_ms: int) -> tuple[tor
             np.log1p([count(v, -np.inf) for v in ids]),
             np.full(n, float(sequence is None)),
             *(np.log1p([count(v, moment - days * DAY_MS) for v in ids]) for days in (1, 7, 30)),
+            np.zeros(n) if factorized is None else factorized - factorized.max(),
             fuse(ranking["reranked"], ranking_bonus(
                 n, affinity, ranking["covisits"], api.retrieval_weight, api.covisit_weight,
-                sequence, api.sequence_weight)),
+                sequence, api.sequence_weight, factorized, api.factorization_weight)),
         ]
         padded = np.zeros((width, len(columns)))
         padded[:n] = np.stack(columns, axis=1)

@@ -58,10 +58,10 @@ def record_rankings(into: list[dict[str, Any]]) -> None:
     original = Recommender._rank
 
     def _rank(self: Recommender, request: Any, query: Any, found: Any, scores: np.ndarray,
-              learned: tuple[np.ndarray | None, np.ndarray | None], *rest: Any) -> Any:
+              learned: tuple[np.ndarray | None, ...], *rest: Any) -> Any:
         ranked = original(self, request, query, found, scores, learned, *rest)
         covisits = found.pool.covisits or {}
-        affinity, sequence = learned
+        affinity, sequence, factorized = learned
         into.append({
             "ids": list(found.ids),
             "probability": np.asarray(scores, np.float64).copy(),
@@ -69,6 +69,8 @@ def record_rankings(into: list[dict[str, Any]]) -> None:
             "affinity": None if affinity is None else np.asarray(affinity, np.float64).copy(),
             "covisits": np.array([covisits.get(v, 0.0) for v in found.ids], np.float64),
             "sequence": None if sequence is None else np.asarray(sequence, np.float64).copy(),
+            "factorized": None if factorized is None
+            else np.asarray(factorized, np.float64).copy(),
         })
         return ranked
 
@@ -85,15 +87,17 @@ def hit_rate(rankings: list[dict[str, Any]], held: list[str], score: Any) -> flo
     return hits / max(1, len(held))
 
 
-def fusion_grid(rankings: list[dict[str, Any]], held: list[str], sequence_weight: float) -> None:
+def fusion_grid(rankings: list[dict[str, Any]], held: list[str], sequence_weight: float,
+                factorization_weight: float = 0.0) -> None:
     """The final ranking's HR@K for a grid of bonus weights (the reranked probabilities),
-    the sequence term at ``sequence_weight``."""
+    the sequence and factorisation terms at their weights."""
     for retrieval in (0.0, 0.5, 1.0, 2.0):
         row = []
         for covisit in (0.0, 0.5, 1.0, 2.0):
             def score(r: dict[str, Any], w: float = retrieval, c: float = covisit) -> np.ndarray:
                 bonus = ranking_bonus(len(r["ids"]), r["affinity"], r["covisits"], w, c,
-                                      r.get("sequence"), sequence_weight)
+                                      r.get("sequence"), sequence_weight,
+                                      r.get("factorized"), factorization_weight)
                 return fuse(r["reranked"], bonus)
             row.append(f"covisit {covisit}: {hit_rate(rankings, held, score):.4f}")
         print(f"retrieval {retrieval}:", ", ".join(row))
@@ -103,7 +107,8 @@ SEQUENCE_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
 def sequence_sweep(rankings: list[dict[str, Any]], held: list[str], even: np.ndarray,
-                   weights: tuple[float, float]) -> dict[str, Any]:
+                   weights: tuple[float, float], factorization_weight: float = 0.0
+                   ) -> dict[str, Any]:
     """HR@K of the final ranking per ``api.sequence_weight`` (in sample, for reading), and
     cross-fitted: the weight chosen on the questions of even user ids read on the odd ones
     and vice versa, so the figure is never tuned on the questions it reports."""
@@ -111,7 +116,8 @@ def sequence_sweep(rankings: list[dict[str, Any]], held: list[str], even: np.nda
     for j, w in enumerate(SEQUENCE_WEIGHTS):
         for i, (r, video) in enumerate(zip(rankings, held, strict=True)):
             bonus = ranking_bonus(len(r["ids"]), r["affinity"], r["covisits"], *weights,
-                                  r.get("sequence"), w)
+                                  r.get("sequence"), w, r.get("factorized"),
+                                  factorization_weight)
             order = np.argsort(-fuse(r["reranked"], bonus), kind="stable")
             hits[j, i] = int(np.flatnonzero(order == r["ids"].index(video))[0]) < K
     crossed = np.zeros(len(held), dtype=bool)
@@ -194,11 +200,12 @@ def main() -> None:
     held = [q.video for q in queries]
     if len(rankings) == len(queries):
         api = settings.api
-        fusion_grid(rankings, held, api.sequence_weight)
+        fusion_grid(rankings, held, api.sequence_weight, api.factorization_weight)
         even = np.array([int("".join(filter(str.isdigit, q.user)) or 0) % 2 == 0
                          for q in queries])
         print(json.dumps(sequence_sweep(rankings, held, even,
-                                        (api.retrieval_weight, api.covisit_weight))))
+                                        (api.retrieval_weight, api.covisit_weight),
+                                        api.factorization_weight)))
     if args.dump is not None:
         np.savez_compressed(args.dump, held=np.array(held),
                             users=np.array([q.user for q in queries]),

@@ -43,6 +43,12 @@ def sparse_cluster_prefix(model: str, table: str, bucket: int, kind: str) -> byt
     return f"{REDIS_ROOT}:sp:{{{model}:{table}:{bucket}}}:{kind}:".encode()
 
 
+def factors_prefix(model: str) -> str:
+    """Key prefix of one family's live factorisation (``feature_store/factors/redis.py``):
+    ``{root}:mf:{{model}}:``, the hash tag keeping its keys in one Cluster slot."""
+    return f"{REDIS_ROOT}:mf:{{{model}}}:"
+
+
 CATALOG_VIDEO = f"{REDIS_ROOT}:cat:video:"
 """JSON of one video: ``{CATALOG_VIDEO}{video_id}``."""
 CATALOG_IDS = f"{REDIS_ROOT}:cat:ids"

@@ -341,6 +341,12 @@ class ApiSettings(_Section):
     (``trainer/sequence_weight.py``: the tower's logit in units of the ranker's log-odds,
     fit on the stream) times ``logit - best logit`` over the request's candidates.
     1.0: as learnt; 0: the term off."""
+    factorization_weight: float = Field(0.8, ge=0, le=100)
+    """Weight of the live matrix factorisation's score (``factorization.enabled``) in the
+    ranking score, in log-probability units per standard deviation of the score over the
+    request's candidates (``app/scoring/factorization.py``); 0: the term off. Chosen on
+    ml-100k's second-to-last views with the other weights as they are
+    (``bench/als_signal_screen.py --validate``), never on its test views."""
     covisit_weight: float = Field(1.5, ge=0, le=100)
     """Weight of ``log1p(co-visitation cosine / 0.1)`` in the ranking score, in
     log-probability units (``app/scoring/ranking.py``); the co-watch evidence the
@@ -470,6 +476,42 @@ class RetrievalSettings(_Section):
     frequency_alpha: float = Field(0.05, gt=0, le=1)
     """Learning rate of the streaming estimate of the steps between a video's
     occurrences (Yi et al. 2019): higher follows popularity changes faster, noisier."""
+
+
+class FactorizationSettings(_Section):
+    """A matrix factorisation of the users' chosen videos (implicit ALS, Hu, Koren and
+    Volinsky 2008), kept live by the trainer (``trainer/factorization.py``) from the
+    views the sequence stage keeps (none while ``sequence.enabled`` is off).
+
+    Every few hundred new (user, video) pairs it fits every video's and user's
+    factor again; in between, each user with a new positive is folded in again
+    (one least-squares solve against the current fit's videos) and written to the
+    factor store at once, so a user's own actions move their score within a
+    batch. The service adds ``api.factorization_weight`` times the score
+    (standardised over the request's candidates) to the ranking. Screened on
+    ml-100k before it was built (``bench/als_signal_screen.py``); the ALS
+    settings are the evaluation's baseline's (``bench/tune_mf.py``, validation).
+    """
+
+    enabled: bool = True
+    """Fit, publish and serve the factors (off while ``sequence.enabled`` is)."""
+    factors: int = Field(32, ge=2, le=512)
+    """Width of a factor (floats)."""
+    regularization: float = Field(0.1, gt=0)
+    """L2 weight on both factor matrices."""
+    alpha: float = Field(5.0, gt=0)
+    """Confidence of a chosen (user, video) pair against 1 for an unchosen one."""
+    iterations: int = Field(15, ge=1, le=200)
+    """Alternating passes of a fit."""
+    refit_every: int = Field(500, ge=1)
+    """New pairs between fits at most; fewer early on (a tenth of those fitted on, at
+    least ``min_refit``)."""
+    min_refit: int = Field(20, ge=1)
+    """New pairs between fits at least."""
+    refit_interval_s: float = Field(5.0, ge=0)
+    """Online (``sequence.background``), seconds between the starts of two fits at least:
+    a fit of a large log takes seconds of one core, the fold-ins in between keep each
+    user current."""
 
 
 class SequenceSettings(_Section):
@@ -861,6 +903,7 @@ class Settings(BaseSettings):
     trainer: TrainerSettings = TrainerSettings()
     retrieval: RetrievalSettings = RetrievalSettings()
     sequence: SequenceSettings = SequenceSettings()
+    factorization: FactorizationSettings = FactorizationSettings()
     api: ApiSettings = ApiSettings()
     rerank: RerankSettings = RerankSettings()
     ann: AnnSettings = AnnSettings()

@@ -211,6 +211,8 @@ class SequenceTrainer:
         user first)."""
         self.kept = 0
         """Views in :attr:`views`."""
+        self.touched: set[str] = set()
+        """Users given a view since the factorisation last took them (:meth:`take_touched`)."""
         self.count = 0
         """Views added since the start (restored from a checkpoint)."""
         self.fitted = 0
@@ -277,10 +279,33 @@ class SequenceTrainer:
                 self.kept -= 1
         mine.append(code)
         self.kept += 1
+        self.touched.add(user_id)
         extra = len(mine) - self.settings.views_per_user
         if extra > 0:
             del mine[:extra]
             self.kept -= extra
+
+    def take_touched(self) -> tuple[list[str], list[np.ndarray]]:
+        """The users given a view since the last call, with a copy of each one's codes
+        (oldest first): what the factorisation folds in again (``trainer/factorization.py``)."""
+        with self._lock:
+            users = [u for u in self.touched if u in self.views]
+            self.touched.clear()
+            return users, [np.array(self.views[u], dtype=np.int64) for u in users]
+
+    def retouch(self, users: Sequence[str]) -> None:
+        """Give ``users`` back to :meth:`take_touched` (their fold-in was not written)."""
+        with self._lock:
+            self.touched.update(users)
+
+    def all_views(self) -> tuple[tuple[str, ...], list[str], list[np.ndarray]]:
+        """The video of each code (``ids[code - 1]``), every user and a copy of their codes:
+        what a factorisation fits on. Clears :attr:`touched` (the fit solves them all)."""
+        with self._lock:
+            users = list(self.views)
+            self.touched.clear()
+            return (tuple(self.ids), users,
+                    [np.array(self.views[u], dtype=np.int64) for u in users])
 
     def _evict(self) -> None:
         while self.kept > self.settings.max_views and self.views:

@@ -24,8 +24,9 @@ candidates' random order).
 The algorithm and its settings were picked on a validation split
 (``bench/tune_mf.py``: each user's second-to-last view, the test views
 removed; ALS against BPR; figures in ``docs/benchmarks.md``), never on the
-test. ``implicit`` is in the ``eval`` extra: :func:`available` says whether it
-is installed, and the evaluation skips this baseline with :data:`MISSING`
+test. ``implicit`` is a dependency (the trainer's live factorisation fits with
+it too, ``trainer/factorization.py``): :func:`available` says whether it is
+installed all the same, and the evaluation skips this baseline with :data:`MISSING`
 when it is not.
 
 Cost, and the fits run ahead: the refits are the cost (a 50,000-user log asks
@@ -59,7 +60,7 @@ from app.evaluation.metrics import Floats, rank_in
 
 MISSING = (
     "matrix factorisation baseline skipped: the 'implicit' library is not installed "
-    "(pip install -e '.[eval]')"
+    "(pip install 'implicit>=0.7.2', a dependency of the trainer)"
 )
 """What the evaluation reports instead of the baseline's row when the library is absent."""
 

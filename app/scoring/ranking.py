@@ -22,17 +22,22 @@ def bonus_terms(
     covisit_weight: float,
     sequence: np.ndarray | None = None,
     sequence_weight: float = 0.0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The three terms the ranking adds to ``log p``, per candidate:
+    factorized: np.ndarray | None = None,
+    factorization_weight: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The four terms the ranking adds to ``log p``, per candidate:
     ``retrieval_weight * (affinity - max affinity)``,
-    ``covisit_weight * log1p(covisit cosine / COSINE_UNIT)`` and
-    ``sequence_weight * (sequence logit - max logit)``.
+    ``covisit_weight * log1p(covisit cosine / COSINE_UNIT)``,
+    ``sequence_weight * (sequence logit - max logit)`` and
+    ``factorization_weight * (factorisation score - max score)``.
 
     ``affinity`` is the cosine of user and video vectors (None: no towers);
     ``covisits`` each candidate's co-visitation cosine with the user's recent visits
     (:func:`feature_store.signals.base.cosine_scores`; None: none known);
     ``sequence`` the sequence tower's logit of each candidate after the user's recent
-    views (None: no tower, or no known view).
+    views (None: no tower, or no known view);
+    ``factorized`` the live factorisation's score standardised over the candidates
+    (:func:`app.scoring.factorization.factorization_scores`; None: no factor).
     Subtracting the best keeps a term at most 0, so it only reorders within the
     request (the sequence term is then its log-softmax over the candidates plus a
     per-request constant).
@@ -44,7 +49,10 @@ def bonus_terms(
         covisited = covisit_weight * np.log1p(covisits / COSINE_UNIT)
     if sequence is not None and len(sequence) and sequence_weight:
         ordered = sequence_weight * (sequence - sequence.max())
-    return towers, covisited, ordered
+    factored = np.zeros(size)
+    if factorized is not None and len(factorized) and factorization_weight:
+        factored = factorization_weight * (factorized - factorized.max())
+    return towers, covisited, ordered, factored
 
 
 def ranking_bonus(
@@ -55,12 +63,15 @@ def ranking_bonus(
     covisit_weight: float,
     sequence: np.ndarray | None = None,
     sequence_weight: float = 0.0,
+    factorized: np.ndarray | None = None,
+    factorization_weight: float = 0.0,
 ) -> np.ndarray:
     """What the ranking adds to ``log p``: the sum of :func:`bonus_terms`."""
-    towers, covisited, ordered = bonus_terms(
-        size, affinity, covisits, retrieval_weight, covisit_weight, sequence, sequence_weight
+    towers, covisited, ordered, factored = bonus_terms(
+        size, affinity, covisits, retrieval_weight, covisit_weight, sequence, sequence_weight,
+        factorized, factorization_weight,
     )
-    return towers + covisited + ordered
+    return towers + covisited + ordered + factored
 
 
 def top_k(ranking: np.ndarray, count: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from feature_store.factors import FactorStore, MemoryFactors, open_factors
 from feature_store.features.schema import WIDE_TABLE, FeatureSchema, default_schema
 from feature_store.models.registry import ModelRegistry
 from feature_store.runtime.breaker import redis_breaker
@@ -76,6 +77,9 @@ class Resources:
     """The metrics series and heartbeat of this process's trainer (``trainer.group_id``):
     the trainer writes it, the dashboard reads it (embedded: this object, live in memory)."""
     redis_client: redis.Redis | None = None
+    factors: FactorStore = field(default_factory=MemoryFactors)
+    """The live factorisation's factors (``feature_store/factors``): the trainer writes
+    them, the service reads them at each request."""
     served_log: EventLog | None = None
     """The served log (what the service recommended, with the features it scored), beside
     the event log; None when ``served_log.enabled`` is off."""
@@ -384,6 +388,7 @@ def open_resources(
             control=control,
             trainer_series=trainer_series,
             redis_client=client,
+            factors=open_factors(settings, store_client),
             served_log=served_log,
         )
         opened.pop_all()

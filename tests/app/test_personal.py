@@ -293,9 +293,10 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     explained = response["explanation"]
     assert explained["fusion"] == {"engagement": 1.0} and explained["candidates"] > 10
     assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.5
-    assert explained["sequence_weight"] == 1.0
+    assert explained["sequence_weight"] == 1.0 and explained["factorization_weight"] == 0.8
     tower = trained.client.get("/v1/status", headers=KEY).json()["sequence"]
     assert tower["fits"] >= 1 and tower["weight"] >= 0
+    assert tower["factorization"]["fits"] >= 1 and tower["factorization"]["failed"] == 0
     rankings = []
     for item in response["items"]:
         why = item["explanation"]
@@ -303,10 +304,10 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
         assert set(why["heads"]) >= {"engagement"}
         assert why["model_score"] == pytest.approx(why["heads"]["engagement"], rel=1e-5)
         assert why["affinity_bonus"] <= 0 <= why["covisit_bonus"]
-        assert why["sequence_bonus"] <= 0
+        assert why["sequence_bonus"] <= 0 and why["factorization_bonus"] <= 0
         assert why["ranking"] == pytest.approx(
             np.log(item["score"]) + why["affinity_bonus"] + why["covisit_bonus"]
-            + why["sequence_bonus"], rel=1e-5
+            + why["sequence_bonus"] + why["factorization_bonus"], rel=1e-5
         )
         if why["rerank"]["new_video"]:
             assert 0 < why["rerank"]["prior"] < 1 and why["rerank"]["lift"] is not None
@@ -317,6 +318,8 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     assert rankings == sorted(rankings, reverse=True)  # the sort key, exploration aside
     if tower["weight"] > 0:  # learnt on the stream: 0 where it adds nothing to the ranker
         assert min(item["explanation"]["sequence_bonus"] for item in response["items"]) < 0
+    # The user's own factor, folded in from their views: a term on every item but the best.
+    assert min(item["explanation"]["factorization_bonus"] for item in response["items"]) < 0
     plain = trained.client.post("/v1/recommend", json={**body, "explain": False}).json()
     assert plain["explanation"] is None and plain["items"][0]["explanation"] is None
 

@@ -133,6 +133,8 @@ def build(
             SharedViews(resources.redis_client, cfg.group_id, settings.sequence.max_views)
             if group is not None and cfg.group_sync else None,
             lambda: exports(group),
+            (settings.factorization, resources.factors)
+            if settings.factorization.enabled else None,
         )
         if settings.sequence.enabled else None
     )

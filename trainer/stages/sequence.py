@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from feature_store.settings import SequenceSettings
+from feature_store.factors.base import FactorStore
+from feature_store.settings import FactorizationSettings, SequenceSettings
+from trainer.factorization import LiveFactorization
 from trainer.sequence import Published, SequenceTrainer, Started, chosen_views
 from trainer.sequence_share import READ_AT_MOST, SharedViews
 from trainer.sequence_worker import RemoteFit
@@ -41,9 +43,15 @@ def sequence_stage(
     seed: int,
     shared: SharedViews | None = None,
     leads: Callable[[], bool] = lambda: True,
+    factorization: tuple[FactorizationSettings, FactorStore] | None = None,
 ) -> SequenceStage:
-    """The stage ``settings`` describe, its refits in a worker process."""
-    return SequenceStage(SequenceTrainer(settings, seed, RemoteFit(settings, seed)), shared, leads)
+    """The stage ``settings`` describe, its refits in a worker process; with
+    ``factorization``, the live factorisation of its views too (:mod:`trainer.factorization`)."""
+    trainer = SequenceTrainer(settings, seed, RemoteFit(settings, seed))
+    live = None
+    if factorization is not None:
+        live = LiveFactorization(factorization[0], trainer, factorization[1], seed)
+    return SequenceStage(trainer, shared, leads, live)
 
 
 class SequenceStage:
@@ -58,8 +66,12 @@ class SequenceStage:
         trainer: SequenceTrainer,
         shared: SharedViews | None = None,
         leads: Callable[[], bool] = lambda: True,
+        factorization: LiveFactorization | None = None,
     ) -> None:
         self.trainer = trainer
+        self.factorization = factorization
+        """The live factorisation of the same views (None: off): stepped after each batch
+        in the replay, on its own thread online."""
         self.shared = shared
         self.leads = leads
         self.background = trainer.settings.background or shared is not None
@@ -78,12 +90,25 @@ class SequenceStage:
                 views = chosen_views(batch.samples)
                 if not self.shared.publish(views):
                     self.trainer.add_views(views)  # Redis down: this member's tower has them
+            self._factorize()
         if self.background and self._thread is None and (batch.samples or self.shared):
             self._thread = threading.Thread(
                 target=self._refits, name="vidrec-sequence-refit", daemon=True
             )
             self._thread.start()
+            if self.factorization is not None:
+                self.factorization.start(self.leads)
         return batch
+
+    def _factorize(self) -> None:
+        """New views: the factorisation folds them in (at once in the replay, on its
+        thread online)."""
+        if self.factorization is None:
+            return
+        if self.background:
+            self.factorization.wake()
+        else:
+            self.factorization.step()
 
     def for_export(self) -> Published | None:
         """The newest refit's tower. Paced by the exports (not in the background): the
@@ -115,6 +140,8 @@ class SequenceStage:
         while self.shared is not None and not self._stop.is_set():
             views = self.shared.read()
             self.trainer.add_views(views)
+            if views and self.factorization is not None:
+                self.factorization.wake()
             if len(views) < READ_AT_MOST:
                 return
             time.sleep(0)  # a backlog: let the trainer's thread in between pages
@@ -134,8 +161,10 @@ class SequenceStage:
         """The tower's figures (views, refits, the last loss and refit time) and failures;
         in a group, the shared views' counts."""
         shared = {} if self.shared is None else {"shared_views": self.shared.status()}
+        factors = ({} if self.factorization is None
+                   else {"factorization": self.factorization.status()})
         return {**self.trainer.status(), "failed_refits": self.failed,
-                "background": self.background, **shared}
+                "background": self.background, **shared, **factors}
 
     def save(self, checkpoint: Checkpoint) -> None:
         # The stream position first: the views saved then hold at least what it read (a
@@ -155,6 +184,8 @@ class SequenceStage:
 
     def close(self) -> None:
         self._stop.set()
+        if self.factorization is not None:
+            self.factorization.close()
         if self._thread is not None:
             self._thread.join(timeout=60)
         self.trainer.close()
