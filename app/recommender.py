@@ -52,6 +52,7 @@ from app.explain import explanations, summary
 from app.metrics import Metrics
 from app.rerank import Reranker, RerankTrace
 from app.schemas import RecommendItem, RecommendRequest, RecommendResponse
+from app.scoring.factorization import Read as FactorRead
 from app.scoring.factorization import factorization_scores
 from app.scoring.fusion import Fusion
 from app.scoring.onnx_model import LoadedModel, ModelHolder
@@ -219,7 +220,8 @@ class Recommender:
     ) -> RecommendResponse:
         t0 = time.perf_counter()
         now_ms = int(self.clock() * 1000)
-        history, feedback = self._user_reads(request.user_id, now_ms, request.candidates)
+        history, feedback, factors = self._user_reads(request.user_id, now_ms,
+                                                      request.candidates)
         query, vector = self._query(request, history, now_ms, model)
         found = self._candidates(request, query)
         self.metrics.observe_stage("candidates", time.perf_counter() - t0)
@@ -249,10 +251,7 @@ class Recommender:
         towers = model.retrieval
         affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
         ordered = _sequence_logits(model, history, found.ids)
-        factorized = (
-            factorization_scores(self.factors, request.user_id, found.ids)
-            if self.factors is not None and self.settings.factorization_weight else None
-        )
+        factorized = factorization_scores(factors, found.ids)
         ranked = self._rank(
             request, query, found, scores, (affinity, ordered, factorized), count, model, fusion,
             (new, reference), feedback,
@@ -275,18 +274,23 @@ class Recommender:
 
     def _user_reads(
         self, user_id: str, now_ms: int, candidates: Sequence[str] | None = None
-    ) -> tuple[list[HistoryEntry], FeedbackView | None]:
-        """The user's history and, for the rerank, feedback: read together, so with Redis
-        stores they cost one round trip (:mod:`feature_store.sparse.steps`). Given
-        ``candidates``, their counters due for a read ride in the same round trip
-        (:meth:`Scorer.stats_steps`)."""
+    ) -> tuple[list[HistoryEntry], FeedbackView | None, FactorRead | None]:
+        """The user's history and, for the rerank, feedback, and the user's factor (when
+        the term is on): read together, so with Redis stores they cost one round trip
+        (:mod:`feature_store.sparse.steps`). Given ``candidates``, their counters due for
+        a read ride in the same round trip (:meth:`Scorer.stats_steps`)."""
         reads = [stepped(self.activity, "history", user_id)]
         if self.rerank is not None:
             reads.append(stepped(self.rerank.feedback, "read", user_id, now_ms))
+        factored = self.factors is not None and self.settings.factorization_weight > 0
+        if factored:
+            reads.append(stepped(self.factors, "read", user_id))
         counters = self.scorer.stats_steps(candidates) if candidates else None
         results = run(reads if counters is None else [*reads, counters])
         history = cast(list[HistoryEntry], results[0])
-        return history, cast(FeedbackView, results[1]) if self.rerank is not None else None
+        feedback = cast(FeedbackView, results[1]) if self.rerank is not None else None
+        factors = cast(FactorRead, results[len(reads) - 1]) if factored else None
+        return history, feedback, factors
 
     def pool(self, request: RecommendRequest) -> Pool:
         """The candidate pool the sources would propose for ``request`` now (before the

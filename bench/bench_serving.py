@@ -10,7 +10,10 @@
    admitted rows): the user tower and the catalog's video vectors, so the
    retrieval run's latency includes the user vector and the search; and the
    sequence tower (``sequence.enabled``, the default; one short refit over the
-   events' views), so every run's latency includes encoding the user's views.
+   events' views), so every run's latency includes encoding the user's views;
+   and one fit of the live factorisation on those views
+   (``factorization.enabled``), so it includes reading the user's factor and
+   scoring the candidates with it.
 2. Starts ``vidrec serve`` on it in a subprocess: one uvicorn worker.
 3. From this (second) process, sends a fixed number of ``POST /v1/recommend``
    requests with 500 given candidates over keep-alive HTTP/1.1 (a raw-socket
@@ -147,7 +150,7 @@ def prepare(
                 res.tables[table].pull(np.unique(keys), train=True)
             res.tables[WIDE_TABLE].pull(np.unique(batch.wide_keys), train=True)
         extra, artifacts = retrieval_artifacts(res, catalog, requests, now)
-        extra, artifacts = with_sequence(settings, events, extra, artifacts)
+        extra, artifacts = with_sequence(settings, events, extra, artifacts, res.factors)
         version = publish(
             res.registry,
             WideDeep(res.schema),
@@ -194,11 +197,14 @@ def retrieval_artifacts(
 
 
 def with_sequence(
-    settings: Settings, events: list[Any], extra: dict[str, Any], artifacts: Any
+    settings: Settings, events: list[Any], extra: dict[str, Any], artifacts: Any,
+    factors: Any = None,
 ) -> tuple[dict[str, Any], Any]:
     """``extra`` and ``artifacts`` with a sequence tower added (``sequence.enabled``): the
     events' chosen videos coded, one short refit (the weights do not matter here; the
-    shapes and the work per request do), so a request encodes its user's views."""
+    shapes and the work per request do), so a request encodes its user's views. With
+    ``factors`` (``factorization.enabled``), one fit of the live factorisation on the same
+    views published there, so a request reads its user's factor and scores with it."""
     from feature_store.models import sequence_io
     from trainer.export import all_writers
     from trainer.sequence import CHOSEN, SequenceTrainer
@@ -209,6 +215,10 @@ def with_sequence(
     quick = settings.sequence.model_copy(update={"epochs": 1, "max_windows": 64})
     trainer = SequenceTrainer(quick)
     trainer.add_views([(e.user_id, e.video_id) for e in events if e.type in CHOSEN])
+    if factors is not None and settings.factorization.enabled:
+        from trainer.factorization import LiveFactorization
+
+        LiveFactorization(settings.factorization, trainer, factors).fit()
     trainer.refit()
     published = trainer.published
     if published is None:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from feature_store.activity.memory import MemoryActivity
 from feature_store.errors import Conflict, InvalidInput, NotFound
+from feature_store.factors import open_factors
 from feature_store.ops.control import Command
 from feature_store.ops.timeseries import open_timeseries
 from feature_store.runtime.resources import Resources, table_specs
@@ -223,12 +224,17 @@ class RetrainManager:
         }
         for table in tables.values():
             table.clear()  # a fresh model: nothing from an earlier family of the same name
+        # Its own live factorisation: the family's fits must never replace the live ones.
+        stores = live.redis_client if settings.stores.backend == "redis" else None
+        factors = open_factors(fam_settings, stores)
+        factors.clear()
         return dataclasses.replace(
             live,
             settings=fam_settings,
             event_log=ReplayLog(live.event_log, from_ts_ms),  # type: ignore[arg-type]
             training_activity=MemoryActivity(settings.features),
             tables=tables,
+            factors=factors,
             # The family's own series (its group's name); closed by stop with its tables.
             # The rest (catalog, registry, control channel...) is the live resources'.
             trainer_series=open_timeseries(fam_settings, live.redis_client),

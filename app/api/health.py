@@ -132,6 +132,7 @@ def status(service: ServiceDep) -> dict[str, Any]:
         }
     out["retrieval"] = {"index": index_status(model)}
     out["sequence"] = sequence_status(model)
+    out["factorization"] = _safe(lambda: factorization_status(resources.factors))
     if service.trainer is not None:
         out["trainer"] = _safe(service.trainer.status)
     return out
@@ -145,6 +146,15 @@ def sequence_status(model: Any) -> dict[str, Any] | None:
     described = model.manifest.extra.get("sequence", {})
     return {"videos": len(model.sequence.codes), "max_len": model.sequence.max_len,
             "fits": described.get("fits"), "weight": model.sequence.weight}
+
+
+def factorization_status(factors: Any) -> dict[str, Any] | None:
+    """The live factorisation's newest fit as this process reads it: its version, the
+    videos it has a factor for and their width (None: no fit yet)."""
+    items, _ = factors.read("")
+    if items is None:
+        return None
+    return {"version": items.version, "videos": len(items.ids), "dim": items.dim}
 
 
 def _safe(fn: Any) -> Any:

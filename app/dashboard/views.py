@@ -71,6 +71,21 @@ def trainer_status(service: Service, series: MetricsSeries | None) -> dict[str, 
     return series.status() if series is not None else None
 
 
+def _sequence_summary(sequence: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the dashboard shows of the sequence tower and the live factorisation (None: no
+    tower): refits and the learnt weight; fits, users folded in since the start, the last
+    fit's seconds and failures."""
+    if not sequence:
+        return None
+    factors = sequence.get("factorization") or {}
+    return {
+        "fits": sequence.get("fits"), "weight": sequence.get("weight"),
+        "factorization": {k: factors.get(k) for k in
+                          ("fits", "fitted_pairs", "users_folded", "last_fit_seconds", "failed")}
+        if factors else None,
+    }
+
+
 def display_state(status: dict[str, Any] | None, lag_warning: int) -> str:
     """running, paused, lagging, stopped, failed... or ``unreachable`` without a heartbeat."""
     if status is None:
@@ -134,6 +149,7 @@ def training(
             "checkpoint_seen_ms": clock.observe(group, seq) if clock is not None else None,
             "last_version": (status or {}).get("last_version"),
             "served_join": (status or {}).get("served"),
+            "sequence": _sequence_summary((status or {}).get("sequence")),
             "heads": HEAD_FIGURES,
             "points": [
                 {"ts_ms": p.get("ts_ms"), **{k: p.get(k) for k in TRAINING_FIELDS}} for p in points

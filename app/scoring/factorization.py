@@ -15,17 +15,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from feature_store.factors.base import FactorStore
+from feature_store.factors.base import ItemFactors, Vectors
+
+Read = tuple[ItemFactors | None, Vectors | None]
+"""A user's read of the factor store: the newest fit's videos and the user's factor."""
 
 
-def factorization_scores(store: FactorStore, user_id: str,
-                         ids: Sequence[str]) -> np.ndarray | None:
+def factorization_scores(read: Read | None, ids: Sequence[str]) -> np.ndarray | None:
     """Each candidate's factorisation score standardised over the candidates with a factor
     (those without one, first chosen after the newest fit, get 0, their mean: no evidence
-    either way); None: no fit, no factor for the user, or no candidate with one."""
-    if not ids:
+    either way); None: no fit, no factor for the user, or no candidate with one.
+    ``read``: what :meth:`FactorStore.read` gave for the asking user."""
+    if not ids or read is None:
         return None
-    items, user = store.read(user_id)
+    items, user = read
     if items is None or user is None or len(user) != items.dim:
         return None
     rows = items.rows(ids)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Protocol
 
 import numpy as np
@@ -45,8 +46,7 @@ class ItemFactors:
 
     def rows(self, video_ids: Sequence[str]) -> npt.NDArray[np.int64]:
         """Row of each video (-1: no factor in this fit)."""
-        get = self.index.get
-        return np.fromiter((get(v, -1) for v in video_ids), np.int64, len(video_ids))
+        return np.fromiter(map(self.index.get, video_ids, repeat(-1)), np.int64, len(video_ids))
 
 
 class FactorStore(Protocol):

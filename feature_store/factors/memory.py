@@ -1,14 +1,23 @@
 """Factors in this process (embedded and the evaluation's replay): the trainer and the
-service share the object, so a fold-in is read by the next request."""
+service share the object, so a fold-in is read by the next request.
+
+Snapshotted with the other in-process stores (``data_dir/factors``, by
+:class:`~feature_store.runtime.resources.Resources`): a restarted service ranks
+with the last fit before its trainer has fitted again.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from feature_store.atomic import atomic_binary
 from feature_store.factors.base import ItemFactors, Vectors
+
+SNAPSHOT_FILE = "factors.npz"
 
 
 class MemoryFactors:
@@ -40,6 +49,33 @@ class MemoryFactors:
     def read(self, user_id: str) -> tuple[ItemFactors | None, Vectors | None]:
         with self._lock:
             return self._items, self._users.get(user_id)
+
+    def snapshot(self, directory: Path) -> None:
+        """The newest fit and its users' factors, atomically (nothing when there is none)."""
+        with self._lock:
+            items, users = self._items, dict(self._users)
+        if items is None:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        dim = items.dim
+        rows = np.stack(list(users.values())) if users else np.zeros((0, dim), np.float32)
+        with atomic_binary(directory / SNAPSHOT_FILE) as out:
+            np.savez(out, version=np.int64(items.version), ids=np.array(items.ids, dtype=str),
+                     vectors=items.vectors, users=np.array(list(users), dtype=str),
+                     user_vectors=rows)
+
+    def restore(self, directory: Path) -> None:
+        """Load what :meth:`snapshot` wrote (no pickles: ids are fixed-width text)."""
+        path = directory / SNAPSHOT_FILE
+        if not path.is_file():
+            return
+        with np.load(path, allow_pickle=False) as saved:
+            items = ItemFactors(int(saved["version"]), tuple(saved["ids"].tolist()),
+                                saved["vectors"].astype(np.float32))
+            rows = saved["user_vectors"].astype(np.float32)
+            users = {u: rows[i] for i, u in enumerate(saved["users"].tolist())}
+        with self._lock:
+            self._items, self._users = items, users
 
     def ping(self) -> None:
         return None

@@ -11,21 +11,25 @@ Cluster slot and every read is one pipelined round trip):
 A fit writes its keys first, then the version, then drops the fits before the
 previous one (a request that read the previous version a moment ago still finds
 it). The service keeps the newest fit's video factors in memory and asks Redis
-only for the version and the user's row at each request.
+only for the version and the user's row at each request, in the round trip of
+the request's history read (:meth:`RedisFactors.read_steps`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from redis.cluster import RedisCluster
 
 from feature_store.constants import factors_prefix
 from feature_store.errors import StoreUnavailable
 from feature_store.factors.base import ItemFactors, Vectors
 from feature_store.redis_errors import redis_errors
+from feature_store.sparse.resp import command_steps
+from feature_store.sparse.steps import Steps, run
 
 USERS_PER_COMMAND = 1000
 """Users per ``HSET`` when a fit is published (bounds one command's size)."""
@@ -84,18 +88,32 @@ class RedisFactors:
             pipe.execute()
 
     def read(self, user_id: str) -> tuple[ItemFactors | None, Vectors | None]:
+        (got,) = run([self.read_steps(user_id)])
+        return cast(tuple[ItemFactors | None, Vectors | None], got)
+
+    def read_steps(self, user_id: str) -> Steps[tuple[ItemFactors | None, Vectors | None]]:
+        """:meth:`read` as steps (:mod:`feature_store.sparse.steps`): the version and the
+        user's row in the cached fit ride in the request's round trip with the other
+        stores' reads; a new fit's video factors are loaded after it (once per fit)."""
         cached = self._items
+        commands: list[tuple[Any, ...]] = [("GET", self._key("version"))]
+        if cached is not None:
+            commands.append(("HGET", self._key("users", cached.version), user_id))
+        if isinstance(self.client, RedisCluster):
+            with _errors("read"):
+                pipe = self.client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                got = pipe.execute()
+        else:
+            got = yield from command_steps(self.client, commands, StoreUnavailable,
+                                           "factors read failed")
+        if got[0] is None:
+            return None, None
+        version = int(got[0])
+        if cached is not None and cached.version == version:
+            return cached, self._row(got[1], cached.dim)
         with _errors("read"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(self._key("version"))
-            if cached is not None:
-                pipe.hget(self._key("users", cached.version), user_id)
-            got = pipe.execute()
-            if got[0] is None:
-                return None, None
-            version = int(got[0])
-            if cached is not None and cached.version == version:
-                return cached, self._row(got[1], cached.dim)
             loaded = self._load(version, user_id)
         if loaded is None:
             return cached, None  # the fit was replaced while read: the next request loads

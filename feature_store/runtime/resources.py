@@ -108,6 +108,8 @@ class Resources:
         if self.settings.stores.backend == "memory":
             self.catalog.snapshot(self.data_dir / "catalog")
             self.activity.snapshot(self.data_dir / "activity")
+            if isinstance(self.factors, MemoryFactors):
+                self.factors.snapshot(self.data_dir / "factors")
 
     def restore(self) -> None:
         """Load snapshots written by :meth:`snapshot`, where present."""
@@ -120,6 +122,8 @@ class Resources:
                 self.catalog.restore(self.data_dir / "catalog")
             if _has_snapshot(self.data_dir / "activity"):
                 self.activity.restore(self.data_dir / "activity")
+            if isinstance(self.factors, MemoryFactors):
+                self.factors.restore(self.data_dir / "factors")
 
     def close(self) -> None:
         try:

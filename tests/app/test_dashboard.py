@@ -102,6 +102,8 @@ def test_overview_fills_under_traffic(live: TestClient) -> None:
     assert heads <= set(training["points"][-1]) and heads <= set(training["latest"])
     join = training["served_join"]  # the trainer's served-log join, by outcome
     assert {"joined", "missing", "late", "unknown", "other_schema"} <= set(join)
+    factors = training["sequence"]["factorization"]  # the live factorisation's figures
+    assert set(factors) == {"fits", "fitted_pairs", "users_folded", "last_fit_seconds", "failed"}
     serving = o["serving"]
     assert serving["provider"] is None or serving["provider"].endswith("ExecutionProvider")
     assert [s["stage"] for s in serving["stages"]] == [
@@ -230,6 +232,8 @@ def test_retrain_trains_a_new_family_beside_the_live_one(live: TestClient) -> No
     assert manager.families[family].resources.tables["user"] is not live_tables["user"]
     family_activity = manager.families[family].resources.training_activity
     assert family_activity is not service.resources.training_activity
+    # Its own live factorisation: the family's fits never replace the ones the service reads.
+    assert manager.families[family].resources.factors is not service.resources.factors
 
     stopped = act(live, "retrain_stop", target=family)
     assert stopped["status"] == "done"

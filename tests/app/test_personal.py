@@ -294,9 +294,12 @@ def test_explain_says_why_each_item_was_shown(trained: Trained) -> None:
     assert explained["fusion"] == {"engagement": 1.0} and explained["candidates"] > 10
     assert explained["retrieval_weight"] == 0.5 and explained["covisit_weight"] == 1.5
     assert explained["sequence_weight"] == 1.0 and explained["factorization_weight"] == 0.8
-    tower = trained.client.get("/v1/status", headers=KEY).json()["sequence"]
+    status = trained.client.get("/v1/status", headers=KEY).json()
+    tower = status["sequence"]
     assert tower["fits"] >= 1 and tower["weight"] >= 0
-    assert tower["factorization"]["fits"] >= 1 and tower["factorization"]["failed"] == 0
+    fitted = status["trainer"]["sequence"]["factorization"]  # the trainer's live factors
+    assert fitted["fits"] >= 1 and fitted["failed"] == 0 and fitted["users_folded"] > 0
+    assert status["factorization"]["videos"] > 0  # what the service reads: the newest fit
     rankings = []
     for item in response["items"]:
         why = item["explanation"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,3 +85,18 @@ def test_redis_down_is_a_store_error() -> None:
     client = redis.Redis(port=1, socket_connect_timeout=0.2)
     with pytest.raises(StoreUnavailable, match="factors read failed"):
         RedisFactors(client, "ranker").read("u1")
+
+
+def test_the_memory_store_survives_a_snapshot_and_restore(tmp_path: Path) -> None:
+    store = MemoryFactors()
+    store.snapshot(tmp_path / "empty")  # nothing published: nothing written
+    assert not (tmp_path / "empty").exists()
+    version = store.publish(["a", "b"], vectors(2), ["u1", "u2"], vectors(2, 2.0))
+    store.snapshot(tmp_path / "factors")
+    restored = MemoryFactors()
+    restored.restore(tmp_path / "factors")
+    items, user = restored.read("u2")
+    assert items is not None and items.version == version and items.ids == ("a", "b")
+    np.testing.assert_array_equal(items.vectors, vectors(2))
+    np.testing.assert_array_equal(user, vectors(2, 2.0)[1])
+    assert restored.publish(["a"], vectors(1), [], np.zeros((0, 4), np.float32)) > version

@@ -35,7 +35,7 @@ def live(settings: FactorizationSettings | None = None,
 
 def lean(store: MemoryFactors, user: str) -> float:
     """How far ``user``'s scores prefer A's videos to B's (standard deviations)."""
-    scores = factorization_scores(store, user, A + B)
+    scores = factorization_scores(store.read(user), A + B)
     assert scores is not None, user
     return float(scores[:20].mean() - scores[20:].mean())
 
@@ -56,7 +56,7 @@ def test_users_lean_their_own_way_and_a_new_user_is_folded_in_at_once() -> None:
     factorization.step()  # not a fit (3 new pairs): the new user's fold-in
     assert factorization.fits == fits and factorization.folded >= 1
     assert lean(store, "new") < -0.5
-    assert factorization_scores(store, "nobody", A + B) is None
+    assert factorization_scores(store.read("nobody"), A + B) is None
 
 
 def test_fits_come_sooner_early_and_every_refit_every_pairs_later() -> None:

@@ -89,12 +89,26 @@
       ...headKpis(l),
       ["last export", t.last_version || "–"],
       ["served-log join", joinText(t.served_join), "kpi-served-join"],
+      ["sequence tower", sequenceText(t.sequence), "kpi-sequence"],
+      ["live factorisation", factorsText(t.sequence), "kpi-factorization"],
     ]);
     for (const p of t.points || []) if (p.ts_ms > since.training) { hist.training.push(p); since.training = p.ts_ms; }
     trim(hist.training);
     const lag = t.lag_per_partition || {};
     table($("lag-table"), ["partition", "lag"], Object.entries(lag).map(([p, v]) => `<tr><td>${esc(p)}</td><td>${int(v)}</td></tr>`));
     drawTraining();
+  }
+
+  function sequenceText(q) {
+    if (!q) return "off";
+    return `${int(q.fits)} refits · weight ${num(q.weight, 2)}`;
+  }
+
+  function factorsText(q) {
+    const f = q && q.factorization;
+    if (!f) return "off";
+    const failed = f.failed ? ` · ${int(f.failed)} failed` : "";
+    return `${int(f.fits)} fits (${int(f.fitted_pairs)} pairs, last ${num(f.last_fit_seconds, 2)} s) · ${int(f.users_folded)} users folded${failed}`;
   }
 
   // The other ranking heads as the server lists them (feature_store/heads.py): each one's
