@@ -502,7 +502,10 @@ class FactorizationSettings(_Section):
     alpha: float = Field(5.0, gt=0)
     """Confidence of a chosen (user, video) pair against 1 for an unchosen one."""
     iterations: int = Field(15, ge=1, le=200)
-    """Alternating passes of a fit."""
+    """Alternating passes of the first fit (from random factors)."""
+    warm_iterations: int = Field(3, ge=1, le=200)
+    """Alternating passes of every later fit, which starts from the previous fit's
+    factors (new users and videos from random ones)."""
     refit_every: int = Field(500, ge=1)
     """New pairs between fits at most; fewer early on (a tenth of those fitted on, at
     least ``min_refit``)."""

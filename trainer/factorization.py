@@ -13,10 +13,12 @@ each request.
 What it does, on the views the sequence stage keeps (:class:`trainer.sequence.SequenceTrainer`:
 each user's chosen videos, one entry per video):
 
-- a *fit* (``implicit``'s CPU ALS, seeded, from scratch: Hu, Koren and
-  Volinsky 2008) of every user and video when the pairs kept grew by
-  ``min(refit_every, a tenth of those fitted on)`` (at least ``min_refit``)
-  since the last, published as a new version of the store;
+- a *fit* (``implicit``'s CPU ALS: Hu, Koren and Volinsky 2008) of every
+  user and video when the pairs kept grew by ``min(refit_every, a tenth of
+  those fitted on)`` (at least ``min_refit``) since the last, published as a
+  new version of the store: the first from scratch (seeded, ``iterations``),
+  each later one ``warm_iterations`` from the previous fit's factors (a new
+  user or video starts as in a fresh fit);
 - between fits, every user given a view since the last step is *folded in*
   again: their factor solved against the current fit's videos from all their
   views (ALS's exact least-squares step, ``recalculate_user``), written into
@@ -37,6 +39,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -87,6 +90,8 @@ class LiveFactorization:
         self._model: Any = None
         self._column = np.zeros(0, np.int64)
         """Column of each sequence code in the newest fit (-1: not in it)."""
+        self._user_row: dict[str, int] = {}
+        """Row of each user in the newest fit."""
         self._fit_started = -float("inf")
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -132,19 +137,22 @@ class LiveFactorization:
         known = np.unique(np.concatenate(rows))
         column = np.full(len(ids) + 1, -1, np.int64)
         column[known] = np.arange(len(known))
-        model = self._new_model()
+        model = self._new_model(warm=self._model is not None)
+        if self._model is not None:
+            model.item_factors, model.user_factors = self._warm_start(known, users)
         with threadpool_limits(1, "blas"):  # implicit warns, rightly, of a threaded BLAS
             model.fit(_matrix([column[r] for r in rows], len(known)), show_progress=False)
         items = np.asarray(model.item_factors, np.float32)
         version = self.store.publish([ids[c - 1] for c in known.tolist()], items, users,
                                      np.asarray(model.user_factors, np.float32))
         self._model, self._column, self.version = model, column, version
+        self._user_row = {u: i for i, u in enumerate(users)}
         self.fits += 1
         self.fitted_pairs = pairs
         self.fit_seconds = time.monotonic() - self._fit_started
         return True
 
-    def _new_model(self) -> Any:
+    def _new_model(self, warm: bool) -> Any:
         from implicit.cpu.als import AlternatingLeastSquares
         from threadpoolctl import threadpool_limits
 
@@ -152,8 +160,26 @@ class LiveFactorization:
         with threadpool_limits(1, "blas"):  # the constructor checks it too
             return AlternatingLeastSquares(
                 factors=s.factors, regularization=s.regularization, alpha=s.alpha,
-                iterations=s.iterations, random_state=self.seed, num_threads=1,
+                iterations=s.warm_iterations if warm else s.iterations,
+                random_state=self.seed, num_threads=1,
             )
+
+    def _warm_start(self, known: np.ndarray, users: Sequence[str]) -> tuple[Any, Any]:
+        """The newest fit's factors of the videos (sequence ``known`` codes) and ``users``
+        of the next, where it had them; the others start as a fresh fit's do (uniform in
+        ``[0, 0.01)``, seeded)."""
+        rng = np.random.default_rng((self.seed, self.fits))
+        k = self.settings.factors
+        old_items = np.asarray(self._model.item_factors, np.float32)
+        old_users = np.asarray(self._model.user_factors, np.float32)
+        items = rng.random((len(known), k), dtype=np.float32) * 0.01
+        before = self._column[np.minimum(known, len(self._column) - 1)]
+        had = (known < len(self._column)) & (before >= 0)
+        items[had] = old_items[before[had]]
+        rows = np.fromiter(map(self._user_row.get, users, repeat(-1)), np.int64, len(users))
+        factors = rng.random((len(users), k), dtype=np.float32) * 0.01
+        factors[rows >= 0] = old_users[rows[rows >= 0]]
+        return items, factors
 
     def fold_touched(self) -> int:
         """Solve again the factor of every user given a view since the last call, against
