@@ -61,10 +61,7 @@ class RedisFactors:
             pipe = self.client.pipeline(transaction=False)
             pipe.set(self._key("items", version), items.tobytes())
             pipe.set(self._key("ids", version), "\n".join(ids))
-            for start in range(0, len(users), USERS_PER_COMMAND):
-                chunk = range(start, min(start + USERS_PER_COMMAND, len(users)))
-                pipe.hset(self._key("users", version),
-                          mapping={users[i]: rows[i].tobytes() for i in chunk})
+            self._set_users(pipe, version, users, rows)
             pipe.set(self._key("version"), version)
             for old in range(max(1, version - 3), version - 1):
                 pipe.unlink(self._key("items", old), self._key("ids", old),
@@ -81,11 +78,16 @@ class RedisFactors:
             if latest is None or int(latest) != version:
                 return
             pipe = self.client.pipeline(transaction=False)
-            for start in range(0, len(users), USERS_PER_COMMAND):
-                chunk = range(start, min(start + USERS_PER_COMMAND, len(users)))
-                pipe.hset(self._key("users", version),
-                          mapping={users[i]: rows[i].tobytes() for i in chunk})
+            self._set_users(pipe, version, users, rows)
             pipe.execute()
+
+    def _set_users(self, pipe: Any, version: int, users: Sequence[str], rows: Vectors) -> None:
+        """``HSET`` of fit ``version``'s rows of ``users``, :data:`USERS_PER_COMMAND` a
+        command, into ``pipe``."""
+        for start in range(0, len(users), USERS_PER_COMMAND):
+            chunk = range(start, min(start + USERS_PER_COMMAND, len(users)))
+            pipe.hset(self._key("users", version),
+                      mapping={users[i]: rows[i].tobytes() for i in chunk})
 
     def read(self, user_id: str) -> tuple[ItemFactors | None, Vectors | None]:
         (got,) = run([self.read_steps(user_id)])
