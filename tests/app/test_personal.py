@@ -164,8 +164,14 @@ def test_opposite_tastes_lean_their_own_ways_and_nobody_else_moves(trained: Trai
         a_of_b = sum(v in in_a for v in trained.top(likes_b, pool))
         return a_of_a - a_of_b >= GAP
 
+    def heard() -> bool:
+        """The service's signal feed wrote both histories (the model's features read them);
+        the trainer's factorisation, another consumer, may move the ranking before it."""
+        activity = trained.service.resources.activity
+        return all(len(activity.history(user)) >= 9 for user in (likes_a, likes_b))
+
     version = trained.service.model.version
-    wait_for(apart, timeout_s=60)
+    wait_for(lambda: apart() and heard(), timeout_s=60)
     assert trained.service.model.version == version  # no export: the stream did it
     # The bystander is moved only by what popularity carries (counters, category priors):
     # far less than the two users are moved from the bystander by their own actions.
