@@ -375,16 +375,18 @@ class ModelHolder:
             try:
                 loaded = self.loader(active)
             except (VidrecError, ConfigurationError) as exc:
-                self.failed[active] = str(exc)
-                self.last_error = str(exc)
                 log.error(
                     "model %s failed to load; keeping %s: %s",
                     active,
                     current.version if current else None,
                     exc,
                 )
-                if self.on_failure is not None:
-                    self.on_failure(active, exc)
+                try:
+                    if self.on_failure is not None:
+                        self.on_failure(active, exc)
+                finally:  # recorded last: whoever sees it recorded sees the callback's effect
+                    self.failed[active] = str(exc)
+                    self.last_error = str(exc)
                 return False
             self.current = loaded
             self.last_error = None
