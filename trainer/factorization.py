@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
@@ -212,7 +212,7 @@ class LiveFactorization:
 
     # --- online: its own thread -------------------------------------------------------
 
-    def start(self, leads: Any = lambda: True) -> None:
+    def start(self, leads: Callable[[], bool] = lambda: True) -> None:
         """Step on a thread of its own whenever :meth:`wake` is called (and at least every
         second), while ``leads()`` (in a group only the exporter fits)."""
         if self._thread is not None:

@@ -212,7 +212,8 @@ class SequenceTrainer:
         self.kept = 0
         """Views in :attr:`views`."""
         self.touched: set[str] = set()
-        """Users given a view since the factorisation last took them (:meth:`take_touched`)."""
+        """Users given a view since the factorisation last took them (:meth:`take_touched`);
+        only users still kept (an evicted user leaves it too)."""
         self.count = 0
         """Views added since the start (restored from a checkpoint)."""
         self.fitted = 0
@@ -289,14 +290,14 @@ class SequenceTrainer:
         """The users given a view since the last call, with a copy of each one's codes
         (oldest first): what the factorisation folds in again (``trainer/factorization.py``)."""
         with self._lock:
-            users = [u for u in self.touched if u in self.views]
+            users = list(self.touched)
             self.touched.clear()
             return users, [np.array(self.views[u], dtype=np.int64) for u in users]
 
     def retouch(self, users: Sequence[str]) -> None:
         """Give ``users`` back to :meth:`take_touched` (their fold-in was not written)."""
         with self._lock:
-            self.touched.update(users)
+            self.touched.update(u for u in users if u in self.views)
 
     def all_views(self) -> tuple[tuple[str, ...], list[str], list[np.ndarray]]:
         """The video of each code (``ids[code - 1]``), every user and a copy of their codes:
@@ -309,8 +310,9 @@ class SequenceTrainer:
 
     def _evict(self) -> None:
         while self.kept > self.settings.max_views and self.views:
-            _, dropped = self.views.popitem(last=False)
+            user, dropped = self.views.popitem(last=False)
             self.kept -= len(dropped)
+            self.touched.discard(user)  # bounded by the users kept, taken or not
 
     def due(self) -> bool:
         """Whether enough views arrived since the last refit: ``min_refit`` for the first,

@@ -108,7 +108,7 @@ def test_online_the_stage_folds_a_user_in_on_its_own_thread() -> None:
     factorization = LiveFactorization(FactorizationSettings(refit_interval_s=0), sequence,
                                       MemoryFactors())
     stage = SequenceStage(sequence, factorization=factorization)
-    stage.background = True
+    assert stage.background  # sequence.background: the factorisation steps on its thread
     try:
         sequence.add_views(taste_views())
         factorization.step()  # the first fit
