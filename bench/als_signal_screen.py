@@ -3,7 +3,7 @@
     python -m bench.screen_loo ../shared/datasets/ml-100k --dump F.npz
     python -m bench.als_signal_screen F.npz ../shared/datasets/ml-100k/u.data
     python -m bench.screen_loo ../shared/datasets/ml-100k --validate --dump V.npz
-    python -m bench.als_signal_screen V.npz ../shared/datasets/ml-100k/u.data --validate
+    python -m bench.als_signal_screen V.npz ../shared/datasets/ml-100k/u.data --validate [--grid]
 
 Reads a ``screen_loo`` dump and the ratings it replayed, scores every question's
 candidates with the evaluation's own ALS baseline
@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--validate", action="store_true",
                         help="a screen_loo --validate dump: drop each user's last rating, "
                              "as its replay did (ratings: the dataset's u.data)")
+    parser.add_argument("--grid", action="store_true",
+                        help="also the other weights' grid beside the ALS term's (in sample)")
     args = parser.parse_args()
     dump = np.load(args.dump, allow_pickle=True)
     with tempfile.TemporaryDirectory(prefix="vidrec-als-") as tmp:
@@ -121,7 +123,7 @@ def report(args: argparse.Namespace, dump: np.lib.npyio.NpzFile) -> None:
         print(f"{label}, cross-fitted: "
               f"{cross_fitted(linear, x, mask, target, even, columns):.4f}")
     net = linear(x, mask, target, [0, 1, 2, 3, column])
-    w = net.weight.detach()[0].tolist()
+    w = net.state_dict()["weight"][0].tolist()
     print("linear four signals + ALS, fitted on every question, in the service's units "
           f"(per unit of log p): covisit_weight {w[1] / w[0]:.3f}, sequence_weight "
           f"{w[2] / w[0]:.3f}, retrieval_weight {w[3] / w[0]:.3f}, factorization_weight "
@@ -129,6 +131,24 @@ def report(args: argparse.Namespace, dump: np.lib.npyio.NpzFile) -> None:
     for w in (0.0, 0.1, 0.2, 0.3, 0.5, 0.8):
         fused = x[:, :, SERVICE] + w * x[:, :, column]
         print(f"service + {w} * ALS (in sample): {hit_rate(fused, mask, target):.4f}")
+    if args.grid:
+        weight_grid(x, mask, target, column)
+
+
+def weight_grid(x: torch.Tensor, mask: torch.Tensor, target: torch.Tensor, column: int) -> None:
+    """In sample, HR@10 of log p plus the other terms at a grid of the service's weights
+    (two-tower, co-visitation, sequence) and the ALS term's (``--grid``): whether the other
+    weights want to move with the new term."""
+    for retrieval in (0.0, 0.25, 0.5):
+        for covisit in (1.5, 2.0, 2.5):
+            for sequence in (0.6, 1.0):
+                row = []
+                for w in (0.3, 0.5, 0.8, 1.0, 1.5):
+                    fused = (x[:, :, 0] + covisit * x[:, :, 1] + sequence * x[:, :, 2]
+                             + retrieval * x[:, :, 3] + w * x[:, :, column])
+                    row.append(f"{w}: {hit_rate(fused, mask, target):.4f}")
+                print(f"retrieval {retrieval}, covisit {covisit}, sequence {sequence}; "
+                      "ALS " + ", ".join(row))
 
 
 if __name__ == "__main__":

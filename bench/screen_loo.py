@@ -58,7 +58,8 @@ def record_rankings(into: list[dict[str, Any]]) -> None:
     original = Recommender._rank
 
     def _rank(self: Recommender, request: Any, query: Any, found: Any, scores: np.ndarray,
-              learned: tuple[np.ndarray | None, ...], *rest: Any) -> Any:
+              learned: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None],
+              *rest: Any) -> Any:
         ranked = original(self, request, query, found, scores, learned, *rest)
         covisits = found.pool.covisits or {}
         affinity, sequence, factorized = learned
@@ -74,7 +75,7 @@ def record_rankings(into: list[dict[str, Any]]) -> None:
         })
         return ranked
 
-    Recommender._rank = _rank  # type: ignore[method-assign]
+    Recommender._rank = _rank  # type: ignore[method-assign, assignment]
 
 
 def hit_rate(rankings: list[dict[str, Any]], held: list[str], score: Any) -> float:
