@@ -161,9 +161,9 @@ class Recommender:
         self.ids = ids or RecommendationIds(secrets.token_bytes(32))
         """Issues each response's ``recommendation_id`` (default: ids of this process only)."""
         self.log_summary = log_summary or LogSummary(log)
+        """Where degraded answers are logged: one line per interval, with counts."""
         self.factors = factors
         """The live factorisation's factors (None: no such term)."""
-        """Where degraded answers are logged: one line per interval, with counts."""
 
     def validate(self, request: RecommendRequest) -> int:
         """Check what the model cannot (ids, sizes); returns the item count wanted."""

@@ -16,6 +16,7 @@ from app.openapi import errors
 from app.schemas import Liveness, Readiness
 from app.scoring.onnx_model import index_status
 from app.service import Service
+from feature_store.factors.base import FactorStore
 
 router = APIRouter(tags=["operations"])
 
@@ -148,7 +149,7 @@ def sequence_status(model: Any) -> dict[str, Any] | None:
             "fits": described.get("fits"), "weight": model.sequence.weight}
 
 
-def factorization_status(factors: Any) -> dict[str, Any] | None:
+def factorization_status(factors: FactorStore) -> dict[str, Any] | None:
     """The live factorisation's newest fit as this process reads it: its version, the
     videos it has a factor for and their width (None: no fit yet)."""
     items, _ = factors.read("")
