@@ -222,14 +222,17 @@ class Recommender:
         now_ms = int(self.clock() * 1000)
         history, feedback, factors = self._user_reads(request.user_id, now_ms,
                                                       request.candidates)
-        query, vector = self._query(request, history, now_ms, model)
+        given = request.candidates is not None
+        # Given candidates need the user vector only for the ranking term: it is read
+        # while the ranker runs (_Learned), not before.
+        query, vector = self._query(request, history, now_ms, model, vector=not given)
         found = self._candidates(request, query)
         self.metrics.observe_stage("candidates", time.perf_counter() - t0)
         self.metrics.candidates.observe(len(found.ids))
         if model is None:
             order = np.arange(min(count, len(found.ids)))
             return self._respond(found, np.zeros(len(found.ids)), order, None, "no_model")
-        reason = None if history or request.candidates is not None else "unknown_user"
+        reason = None if history or given else "unknown_user"
         fusion = assigned.fusion if assigned is not None else None
         heads: dict[str, np.ndarray] | None = {} if request.explain else None
         # The cold start's anonymous scores (its new videos) ride in the user's ONNX run.
@@ -240,20 +243,18 @@ class Recommender:
             self.rerank.cold_start.new_positions(self.scorer.extractor.table, found.rows)
             if self.rerank is not None else None
         )
+        learned = _Learned(self, request, query, found, model, factors, vector, given)
         scores, reference, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads,
-            new if history else None,
+            new if history else None, meanwhile=learned,
         )
+        learned()  # done already unless there was nothing to score
         if not history and new is not None:
             reference = scores[new]
         if self.pool_observer is not None:
             self.pool_observer(request.user_id, found.ids, found.sources, scores)
-        towers = model.retrieval
-        affinity = towers.affinity(vector, found.ids) if towers and vector is not None else None
-        ordered = _sequence_logits(model, history, found.ids)
-        factorized = factorization_scores(factors, found.ids)
         ranked = self._rank(
-            request, query, found, scores, (affinity, ordered, factorized), count, model, fusion,
+            request, query, found, scores, learned.terms, count, model, fusion,
             (new, reference), feedback,
         )
         order = ranked.order
@@ -307,34 +308,46 @@ class Recommender:
         history: Sequence[HistoryEntry],
         now_ms: int,
         model: LoadedModel | None,
+        vector: bool = True,
     ) -> tuple[CandidateQuery, np.ndarray | None]:
         """What the sources know of the request, and the user's tower vector (None: no
-        towers, or a user without history)."""
-        towers = model.retrieval if model is not None else None
+        towers, or a user without history, or not ``vector``: :meth:`user_vector`
+        reads it later)."""
         query = CandidateQuery(
             request.user_id, history, now_ms,
             exclude=frozenset(h.video_id for h in history) if request.exclude_seen else (),
         )
-        vector = None
-        if towers is not None and history:
-            # The co-visitation read travels with the towers' row reads: one round trip.
-            vector = alongside(
-                self.retriever.covisit_steps(query, given=request.candidates is not None),
-                partial(
-                    towers.query_vector, request.user_id, now_ms, request.context,
-                    history[: self.scorer.schema.history_len],  # what the towers trained on
-                    self.scorer.row_reader(model), self.settings.covisit_window,
-                ),
-            )
-        if towers is not None and vector is not None:
-            query.nearest = partial(_nearest, towers, vector)
-        return query, vector
+        if not vector:
+            return query, None
+        towers = model.retrieval if model is not None else None
+        found = self.user_vector(request, query, model)
+        if towers is not None and found is not None:
+            query.nearest = partial(_nearest, towers, found)
+        return query, found
+
+    def user_vector(
+        self, request: RecommendRequest, query: CandidateQuery, model: LoadedModel | None
+    ) -> np.ndarray | None:
+        """The user's tower vector for ``query`` (None: no towers, or no history), with the
+        co-visitation read ``query`` will make travelling beside the towers' row reads
+        (one round trip with Redis)."""
+        towers = model.retrieval if model is not None else None
+        if towers is None or not query.history:
+            return None
+        return alongside(
+            self.retriever.covisit_steps(query, given=request.candidates is not None),
+            partial(
+                towers.query_vector, request.user_id, query.now_ms, request.context,
+                query.history[: self.scorer.schema.history_len],  # what the towers trained on
+                self.scorer.row_reader(model), self.settings.covisit_window,
+            ),
+        )
 
     def _candidates(self, request: RecommendRequest, query: CandidateQuery) -> Found:
         """The request's candidates (given, or the pool), filtered in the scorer's rows."""
         if request.candidates is not None:
             ids = list(dict.fromkeys(request.candidates))
-            pool = Pool(ids, [REQUEST] * len(ids), covisits=self.retriever.covisits(query))
+            pool = Pool(ids, [REQUEST] * len(ids))  # its co-visitations: _Learned reads them
         else:
             pool = self.retriever.retrieve(query)
         f = request.filters
@@ -503,6 +516,54 @@ class Found(NamedTuple):
     rows: Indices
     pool: Pool
     """The pool they came from (every proposer, the co-visitation cosines)."""
+
+
+class _Learned:
+    """The ranking's learned terms of one request, computed while its ranker runs
+    (:func:`app.scoring.overlap.beside`): none of them needs the ranker's scores.
+
+    :attr:`terms` is the two-tower affinity, the sequence tower's logits and the
+    live factorisation's standardised scores (each None: none). For given
+    candidates it first reads what :meth:`Recommender._query` left for it: the
+    user vector and, beside it, the co-visitation cosines (the ranking's
+    co-visitation term, put in the candidates' pool). Called once; a second call
+    does nothing (the recommender calls it again for a request with nothing to
+    score, whose ranker never ran).
+    """
+
+    def __init__(
+        self,
+        recommender: Recommender,
+        request: RecommendRequest,
+        query: CandidateQuery,
+        found: Found,
+        model: LoadedModel,
+        factors: FactorRead | None,
+        vector: np.ndarray | None,
+        given: bool,
+    ) -> None:
+        self.recommender = recommender
+        self.request, self.query, self.found, self.model = request, query, found, model
+        self.factors, self.vector, self.given = factors, vector, given
+        self.terms: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (
+            None, None, None
+        )
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        rec, found, model, vector = self.recommender, self.found, self.model, self.vector
+        if self.given:
+            vector = rec.user_vector(self.request, self.query, model)
+            found.pool.covisits = rec.retriever.covisits(self.query)
+        towers = model.retrieval
+        self.terms = (
+            towers.affinity(vector, found.ids) if towers and vector is not None else None,
+            _sequence_logits(model, self.query.history, found.ids),
+            factorization_scores(self.factors, found.ids),
+        )
 
 
 def _sequence_logits(

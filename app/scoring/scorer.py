@@ -26,6 +26,7 @@ from app.candidates.retrieval import CandidateFilter
 from app.scoring.features import RequestFeatureExtractor
 from app.scoring.fusion import ENGAGEMENT_ONLY, Fusion
 from app.scoring.onnx_model import LoadedModel, pad_batch
+from app.scoring.overlap import beside
 from app.scoring.reference_cache import ReferenceCache
 from app.scoring.video_table import VideoSource
 from feature_store.activity.base import HistoryEntry, VideoStats
@@ -140,18 +141,21 @@ class Scorer:
         wide: npt.NDArray[np.float32],
         fusion: Fusion | None = None,
         heads: dict[str, npt.NDArray[np.float32]] | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> npt.NDArray[np.float32]:
         """One ONNX run over the batch padded to its bucket; fused scores of the real rows.
-        ``heads``: filled with every head's prediction (an explained request)."""
+        ``heads``: filled with every head's prediction (an explained request).
+        ``meanwhile``: called on this thread while the run goes on on a helper
+        (:func:`app.scoring.overlap.beside`)."""
         padded = pad_batch(batch, model.bucket(batch.batch_size))
         feed = model_io.build_feed(
             self.schema, padded, rows, wide, model.row_shaped, model.sequence_rows
         )
         fusion = fusion or self.fusion
-        if fusion.identity and heads is None:
-            return model.run(feed)[: batch.batch_size]
         n = batch.batch_size
-        every = {h: p[:n] for h, p in model.run_heads(feed).items()}
+        if fusion.identity and heads is None:
+            return beside(lambda: model.run(feed), meanwhile)[:n]
+        every = {h: p[:n] for h, p in beside(lambda: model.run_heads(feed), meanwhile).items()}
         if heads is not None:
             heads.update(every)
         return fusion.fuse(every)
@@ -192,6 +196,7 @@ class Scorer:
         fusion: Fusion | None = None,
         heads: dict[str, npt.NDArray[np.float32]] | None = None,
         anonymous_positions: Indices | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> Scored:
         """:meth:`score` for rows of this thread's video table (from :meth:`select`), with
         the features scored (None for no rows), which the served log records. ``fusion``:
@@ -200,26 +205,31 @@ class Scorer:
         ``anonymous_positions``: positions in ``rows`` also scored for an anonymous user
         (:meth:`anonymous_scores`), in the same batch, pull and ONNX run
         (:meth:`RequestFeatureExtractor.extract_with_reference`), but for those whose
-        anonymous score was computed less than ``reference_ttl_s`` ago (reused)."""
+        anonymous score was computed less than ``reference_ttl_s`` ago (reused).
+        ``meanwhile``: the caller's work that does not need these scores, done while the
+        ONNX run goes on (:meth:`run`; not called when there are no rows)."""
         if not len(rows):
             return Scored(np.zeros(0, dtype=np.float32), None, None)
         t0 = time.perf_counter()
         extractor = self.extractor
         if anonymous_positions is None or not len(anonymous_positions):
             batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
-            return Scored(self._pull_and_run(model, batch, t0, fusion, heads=heads), None, batch)
+            scores = self._pull_and_run(model, batch, t0, fusion, heads=heads,
+                                        meanwhile=meanwhile)
+            return Scored(scores, None, batch)
         key = self._reference_key(model, fusion, context)
         reference, kept = self.references.get(extractor.table, key, rows[anonymous_positions])
         if kept.all():
             batch = extractor.extract_rows(user_id, ts_ms, context, history, rows)
-            scores = self._pull_and_run(model, batch, t0, fusion, heads=heads)
+            scores = self._pull_and_run(model, batch, t0, fusion, heads=heads,
+                                        meanwhile=meanwhile)
             return Scored(scores, reference, batch)
         missing = anonymous_positions[~kept]
         both = extractor.extract_with_reference(
             user_id, ts_ms, context, history, rows, ANONYMOUS, missing
         )
         every: dict[str, npt.NDArray[np.float32]] | None = {} if heads is not None else None
-        scores = self._pull_and_run(model, both, t0, fusion, heads=every)
+        scores = self._pull_and_run(model, both, t0, fusion, heads=every, meanwhile=meanwhile)
         n = len(rows)
         if heads is not None and every is not None:
             heads.update({h: p[:n] for h, p in every.items()})
@@ -282,13 +292,15 @@ class Scorer:
         fusion: Fusion | None = None,
         stages: bool = True,
         heads: dict[str, npt.NDArray[np.float32]] | None = None,
+        meanwhile: Callable[[], object] | None = None,
     ) -> npt.NDArray[np.float32]:
         """Pull and score ``batch``; observes the three stages (features from ``t0``)
-        unless ``stages`` is off (a second, smaller run of the same request)."""
+        unless ``stages`` is off (a second, smaller run of the same request). With
+        ``meanwhile`` the ``onnx`` stage is the run and that work, whichever is longer."""
         t1 = time.perf_counter()
         rows, wide = self.pull(batch, model)
         t2 = time.perf_counter()
-        scores = self.run(model, batch, rows, wide, fusion, heads)
+        scores = self.run(model, batch, rows, wide, fusion, heads, meanwhile)
         t3 = time.perf_counter()
         if stages:
             self.observe("features", t1 - t0)
