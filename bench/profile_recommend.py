@@ -6,7 +6,7 @@ Prepares the serving benchmark's data (``bench_serving.prepare``: 5,000
 synthetic videos, 50,000 events, a WideDeep model with the retrieval and
 sequence towers), opens the service in this process and runs its recommend
 (500 given candidates, cycling through the benchmark's requests): first
-unprofiled (ms per request), then under cProfile, printing the functions
+unprofiled (ms per request: mean, p50, p99), then under cProfile, printing the functions
 with the most cumulative time as milliseconds per request (cProfile's own
 overhead inflates them, about 1.3x; compare shares, not absolutes). Then
 the served log's writer work for the same responses, off the request
@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench import bench_serving
 from bench.machine import cpu_model
@@ -52,10 +54,13 @@ def main() -> None:
         requests = [RecommendRequest.model_validate(b) for b in bodies]
         for i in range(300):  # warm: caches, the video table, ONNX
             recommend(requests[i % len(requests)])
-        t0 = time.perf_counter()
+        spent = []
         for i in range(args.requests):
+            t0 = time.perf_counter()
             recommend(requests[i % len(requests)])
-        print(f"unprofiled: {(time.perf_counter() - t0) * 1000 / args.requests:.2f} ms a request")
+            spent.append((time.perf_counter() - t0) * 1000)
+        print(f"unprofiled: {np.mean(spent):.2f} ms a request, p50 {np.median(spent):.2f}, "
+              f"p99 {np.percentile(spent, 99):.2f}")
 
         profile = cProfile.Profile()
         profile.enable()
