@@ -86,11 +86,15 @@ def test_commands_after_the_cursor_and_acks_in_order(channel: ControlChannel) ->
 
 def test_wait_returns_as_soon_as_another_thread_acks(channel: ControlChannel) -> None:
     command = Command("status")
-    threading.Timer(0.1, lambda: channel.ack(Ack(command.id, "failed", "no"))).start()
+    acking = threading.Timer(0.1, lambda: channel.ack(Ack(command.id, "failed", "no")))
+    acking.start()
     started = time.monotonic()
     ack = channel.wait(command.id, 5.0)
     assert ack is not None and ack.status == "failed"
     assert time.monotonic() - started < 2.0
+    # The ack can be read before its sender has read Redis's reply: the fixture must not
+    # close the client under it (a .ci/run saw the timer thread fail on a closed socket).
+    acking.join(10)
 
 
 def test_listener_acknowledges_and_carries_out_each_command(channel: ControlChannel) -> None:
