@@ -1,24 +1,30 @@
 """The service's side of the served log: every model-ranked response, written in the background.
 
-A recommend request hands :meth:`ServedLogWriter.record` references to what
-it already has (the ids, scores, and the batch of features it scored) and
-returns: packing the served items' values, encoding and producing happen on
-the writer's thread (:mod:`feature_store.served` says what a record holds).
-The queue between the two is bounded: when it is full, or when the log is
-unavailable, records are dropped and counted
+A recommend request hands :meth:`ServedLogWriter.record` what it already has
+(the ids, scores, and the batch of features it scored); ``record`` packs the
+served items' values into the record (:meth:`ServedLogWriter.to_record`, about
+0.16 ms for 20 items) and queues it; encoding and producing happen on the
+writer's thread (:mod:`feature_store.served` says what a record holds). The
+queue between the two is bounded: when it is full, when a record cannot be
+packed, or when the log is unavailable, records are dropped and counted
 (``vidrec_served_log_records_total{outcome="dropped"|"failed"}``), so the
 served log never adds a failure mode, nor a wait, to recommend. Impressions
 whose record was lost are featurised by the trainer from the stores as they
 arrive instead (still point in time).
 
-Why a deque read every :data:`WRITE_EVERY_S` rather than a ``queue.Queue``: a
-request's ``record`` is then one append, with no condition to notify; a
-notified writer woke at once and took the GIL from the end of the very
-request that queued the record (issue #24: +0.48 ms p50). The writer instead
-drains what gathered on its own schedule, and lets other threads run between
-records (``time.sleep(0)`` releases the GIL), so a request waits for at most
-one record's packing. The delay this adds before a record is on the log is
-far inside the trainer's ``served_log.join_lookahead_ms``.
+Why the packing is the request's and the writer drains every
+:data:`WRITE_EVERY_S` (50 ms): the writer's Python work takes the GIL from the
+requests. Packing on the writer's thread, drained every 5 ms, added 0.6 ms to
+the p50 and 0.96 ms of server CPU per request against a server without the
+log (mean of four alternating runs of ``bench_serving``'s data, sequential,
+500 given candidates); packing in the request and draining every 50 ms added
+0.15 ms and 0.26 ms (three runs; ``docs/benchmarks.md``, *The served log's
+cost*). A request's ``record`` is then one packing and one append, with no
+condition to notify (a notified writer woke at once and took the GIL from the
+end of the very request that queued the record, issue #24). The delay this
+adds before a record is on the log is far inside the trainer's
+``served_log.join_lookahead_ms``; so is the delay before a response's items
+count as served for ``exclude_served``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ log = logging.getLogger(__name__)
 
 _BATCH = 256
 """Records produced per call to the log (one round trip to Kafka)."""
-WRITE_EVERY_S = 0.005
+WRITE_EVERY_S = 0.05
 """How often the writer drains the queue, in seconds (see the module docstring)."""
 
 
@@ -89,8 +95,9 @@ class ServedLogWriter:
         self.layout = layout
         self.schema_hash = layout.schema.schema_hash()
         self.outcomes = metrics.served_log_records
-        self._queue: deque[Served] = deque()
-        """Appended by requests, popped by the writer (both atomic on a deque)."""
+        self._queue: deque[tuple[ServedBatch, ServedRecord]] = deque()
+        """Appended by requests, popped by the writer (both atomic on a deque): each
+        response's items as served, and its packed record."""
         self._capacity = settings.queue_records
         self._worker = Worker("vidrec-served-log", self._run)
         self._last_warning = 0.0
@@ -103,12 +110,23 @@ class ServedLogWriter:
         self.close()
 
     def record(self, served: Served) -> None:
-        """Queue ``served`` for writing; drops it (counted) if the queue is full (concurrent
-        requests may overfill it by one record each: the bound is on memory, not exact)."""
+        """Pack ``served`` and queue it for writing; drops it (counted) if the queue is full
+        (concurrent requests may overfill it by one record each: the bound is on memory,
+        not exact) or if it cannot be packed (logged: a bug must not fail the request)."""
         if len(self._queue) >= self._capacity:
             self.outcomes.labels("dropped").inc()
             return
-        self._queue.append(served)
+        try:
+            packed = self.to_record(served)
+        except Exception:
+            self.outcomes.labels("failed").inc()
+            now = time.monotonic()
+            if now - self._last_warning > 10.0:
+                self._last_warning = now
+                log.exception("served log: a record could not be packed; dropped")
+            return
+        items = [served.video_ids[r] for r in served.order.tolist()]
+        self._queue.append((ServedBatch(served.user_id, served.ts_ms, items), packed))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Write what is queued (for at most ``timeout_s``), then stop the thread."""
@@ -124,13 +142,10 @@ class ServedLogWriter:
             if stopping:
                 return
 
-    def _write(self, pending: list[Served]) -> None:
-        self._note_served(pending)
+    def _write(self, pending: list[tuple[ServedBatch, ServedRecord]]) -> None:
+        self._note_served([served for served, _ in pending])
+        records = [record for _, record in pending]
         try:
-            records = []
-            for served in pending:
-                records.append(self.to_record(served))
-                time.sleep(0)  # lets a request take the GIL between records
             self.log.produce(records)
         except Exception as exc:  # the log is down (or a bug): count, say so, go on
             self.outcomes.labels("failed").inc(len(pending))
@@ -141,15 +156,12 @@ class ServedLogWriter:
             return
         self.outcomes.labels("written").inc(len(records))
 
-    def _note_served(self, pending: list[Served]) -> None:
+    def _note_served(self, pending: list[ServedBatch]) -> None:
         """Tell the feedback store what was served (every item of each response)."""
         if self.feedback is None:
             return
         try:
-            self.feedback.record_served([
-                ServedBatch(s.user_id, s.ts_ms, [s.video_ids[r] for r in s.order.tolist()])
-                for s in pending
-            ])
+            self.feedback.record_served(pending)
         except Exception as exc:  # exclusion is best effort: the log still gets its records
             now = time.monotonic()
             if now - self._last_warning > 10.0:

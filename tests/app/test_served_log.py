@@ -116,3 +116,29 @@ def test_a_full_queue_drops_records_instead_of_waiting(tmp_path: Path) -> None:
             assert client.post("/v1/recommend", json=ask).status_code == 200
         assert _metric(client, "dropped") >= 3
         release.set()
+
+
+def test_a_record_that_cannot_be_packed_is_counted_and_the_answer_stands(
+    tmp_path: Path,
+) -> None:
+    """Packing happens on the request's thread (app/served_log.py): a bug there must cost
+    the record, not the response."""
+    settings = make_settings(tmp_path / "data")
+    app = create_app(settings, trainer=embedded_trainer)
+    with TestClient(app) as client:
+        now = int(time.time() * 1000)
+        client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
+        service = app.state.service
+        service.trainer.export_now(activate=True)
+        wait_for(lambda: service.holder.current is not None, timeout_s=30)
+        writer = service.recommender.served_log
+
+        def broken(served: object) -> None:
+            raise ValueError("a packing bug")
+
+        writer.to_record = broken
+        ask = {"user_id": "di", "candidates": [f"s{i}" for i in range(30)], "count": 5}
+        for _ in range(2):
+            response = client.post("/v1/recommend", json=ask)
+            assert response.status_code == 200 and response.json()["fallback"] is False
+        assert _metric(client, "failed") >= 2
