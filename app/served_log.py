@@ -14,12 +14,14 @@ arrive instead (still point in time).
 
 Why the packing is the request's and the writer drains every
 :data:`WRITE_EVERY_S` (50 ms): the writer's Python work takes the GIL from the
-requests. Packing on the writer's thread, drained every 5 ms, added 0.6 ms to
-the p50 and 0.96 ms of server CPU per request against a server without the
-log (mean of four alternating runs of ``bench_serving``'s data, sequential,
-500 given candidates); packing in the request and draining every 50 ms added
-0.15 ms and 0.26 ms (three runs; ``docs/benchmarks.md``, *The served log's
-cost*). A request's ``record`` is then one packing and one append, with no
+requests. Against a server without the log, on ``bench_serving``'s data
+(sequential, 500 given candidates, alternating servers), packing on the
+writer's thread drained every 5 ms added 0.96 ms of server CPU per request
+and 0.6 ms to the p50 (means of four runs); packing in the request and
+draining every 50 ms added 0.26 ms and 0.15 ms (three runs). Paired against
+the tree before in ``bench_serving --baseline-tree``: 0.33 ms less CPU per
+request, p50 within noise (``docs/benchmarks.md``, *The served log's cost*).
+A request's ``record`` is then one packing and one append, with no
 condition to notify (a notified writer woke at once and took the GIL from the
 end of the very request that queued the record, issue #24). The delay this
 adds before a record is on the log is far inside the trainer's
