@@ -23,6 +23,7 @@ further caller waits for a free helper, never for work of its own.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -53,7 +54,8 @@ def beside(run: Callable[[], T], meanwhile: Callable[[], object] | None) -> T:
     is there to read (and nothing still runs on what the caller passed it)."""
     if meanwhile is None:
         return run()
-    future = _helpers().submit(meanwhile)
+    # In the request's context: a span the work opens is the request's (tracing).
+    future = _helpers().submit(contextvars.copy_context().run, meanwhile)
     try:
         result = run()
     except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import pytest
@@ -50,3 +51,11 @@ def test_an_error_of_meanwhile_reaches_the_caller() -> None:
 
     with pytest.raises(KeyError):
         beside(lambda: 1, meanwhile)
+
+
+def test_meanwhile_sees_the_callers_context() -> None:
+    request: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+    request.set("r1")
+    seen: list[str] = []
+    beside(lambda: None, lambda: seen.append(request.get()))
+    assert seen == ["r1"]
