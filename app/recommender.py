@@ -243,12 +243,11 @@ class Recommender:
             self.rerank.cold_start.new_positions(self.scorer.extractor.table, found.rows)
             if self.rerank is not None else None
         )
-        learned = _Learned(self, request, query, found, model, factors, vector, given)
+        learned = _Learned(self, request, query, found, model, factors, vector)
         scores, reference, features = self.scorer.score_rows(
             model, request.user_id, now_ms, request.context, history, found.rows, fusion, heads,
             new if history else None, meanwhile=learned,
         )
-        learned()  # done already unless there was nothing to score
         if not history and new is not None:
             reference = scores[new]
         if self.pool_observer is not None:
@@ -526,9 +525,8 @@ class _Learned:
     live factorisation's standardised scores (each None: none). For given
     candidates it first reads what :meth:`Recommender._query` left for it: the
     user vector and, beside it, the co-visitation cosines (the ranking's
-    co-visitation term, put in the candidates' pool). Called once; a second call
-    does nothing (the recommender calls it again for a request with nothing to
-    score, whose ranker never ran).
+    co-visitation term, put in the candidates' pool). Called once, by
+    :meth:`Scorer.score_rows`.
     """
 
     def __init__(
@@ -540,22 +538,17 @@ class _Learned:
         model: LoadedModel,
         factors: FactorRead | None,
         vector: np.ndarray | None,
-        given: bool,
     ) -> None:
         self.recommender = recommender
         self.request, self.query, self.found, self.model = request, query, found, model
-        self.factors, self.vector, self.given = factors, vector, given
+        self.factors, self.vector = factors, vector
         self.terms: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] = (
             None, None, None
         )
-        self._done = False
 
     def __call__(self) -> None:
-        if self._done:
-            return
-        self._done = True
         rec, found, model, vector = self.recommender, self.found, self.model, self.vector
-        if self.given:
+        if self.request.candidates is not None:
             vector = rec.user_vector(self.request, self.query, model)
             found.pool.covisits = rec.retriever.covisits(self.query)
         towers = model.retrieval

@@ -122,9 +122,7 @@ class ServedLogWriter:
             packed = self.to_record(served)
         except Exception:
             self.outcomes.labels("failed").inc()
-            now = time.monotonic()
-            if now - self._last_warning > 10.0:
-                self._last_warning = now
+            if self._warning_due():
                 log.exception("served log: a record could not be packed; dropped")
             return
         items = [served.video_ids[r] for r in served.order.tolist()]
@@ -151,9 +149,7 @@ class ServedLogWriter:
             self.log.produce(records)
         except Exception as exc:  # the log is down (or a bug): count, say so, go on
             self.outcomes.labels("failed").inc(len(pending))
-            now = time.monotonic()
-            if now - self._last_warning > 10.0:
-                self._last_warning = now
+            if self._warning_due():
                 log.warning("served log: %d records not written: %r", len(pending), exc)
             return
         self.outcomes.labels("written").inc(len(records))
@@ -165,10 +161,16 @@ class ServedLogWriter:
         try:
             self.feedback.record_served(pending)
         except Exception as exc:  # exclusion is best effort: the log still gets its records
-            now = time.monotonic()
-            if now - self._last_warning > 10.0:
-                self._last_warning = now
+            if self._warning_due():
                 log.warning("served log: %d responses not noted as served: %r", len(pending), exc)
+
+    def _warning_due(self) -> bool:
+        """Whether a warning may be logged now: one per 10 s at most, whatever failed."""
+        now = time.monotonic()
+        if now - self._last_warning <= 10.0:
+            return False
+        self._last_warning = now
+        return True
 
     def to_record(self, served: Served) -> ServedRecord:
         """The record of ``served``: its top ``max_items`` items and their packed values."""

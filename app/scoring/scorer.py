@@ -145,7 +145,7 @@ class Scorer:
     ) -> npt.NDArray[np.float32]:
         """One ONNX run over the batch padded to its bucket; fused scores of the real rows.
         ``heads``: filled with every head's prediction (an explained request).
-        ``meanwhile``: called on this thread while the run goes on on a helper
+        ``meanwhile``: called on a helper thread while the run goes on on this one
         (:func:`app.scoring.overlap.beside`)."""
         padded = pad_batch(batch, model.bucket(batch.batch_size))
         feed = model_io.build_feed(
@@ -207,8 +207,11 @@ class Scorer:
         (:meth:`RequestFeatureExtractor.extract_with_reference`), but for those whose
         anonymous score was computed less than ``reference_ttl_s`` ago (reused).
         ``meanwhile``: the caller's work that does not need these scores, done while the
-        ONNX run goes on (:meth:`run`; not called when there are no rows)."""
+        ONNX run goes on (:meth:`run`); called once in any case, here when there are no
+        rows to run."""
         if not len(rows):
+            if meanwhile is not None:
+                meanwhile()
             return Scored(np.zeros(0, dtype=np.float32), None, None)
         t0 = time.perf_counter()
         extractor = self.extractor

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +73,22 @@ def test_impressions_with_a_recommendation_id_train_on_what_was_served(tmp_path:
         wait_for(lambda: trainer.status()["samples_total"] >= 10, timeout_s=30)
 
 
-def test_recommend_answers_when_the_served_log_is_down(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path / "data")
-    app = create_app(settings, trainer=embedded_trainer)
+@contextmanager
+def _serving(tmp_path: Path, **overrides: Any) -> Iterator[tuple[TestClient, Any]]:
+    """An embedded app (``make_settings`` with ``overrides``) with the 30-video catalog and
+    an exported model being served: its client and its service."""
+    app = create_app(make_settings(tmp_path / "data", **overrides), trainer=embedded_trainer)
     with TestClient(app) as client:
-        now = int(time.time() * 1000)
-        client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
+        client.put("/v1/videos", json={"videos": _catalog(int(time.time() * 1000))},
+                   headers=KEY)
         service = app.state.service
         service.trainer.export_now(activate=True)
         wait_for(lambda: service.holder.current is not None, timeout_s=30)
+        yield client, service
+
+
+def test_recommend_answers_when_the_served_log_is_down(tmp_path: Path) -> None:
+    with _serving(tmp_path) as (client, service):
 
         def down(records: object) -> None:
             raise EventLogUnavailable("served log down")
@@ -93,14 +102,7 @@ def test_recommend_answers_when_the_served_log_is_down(tmp_path: Path) -> None:
 
 
 def test_a_full_queue_drops_records_instead_of_waiting(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path / "data", served_log={"queue_records": 1})
-    app = create_app(settings, trainer=embedded_trainer)
-    with TestClient(app) as client:
-        now = int(time.time() * 1000)
-        client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
-        service = app.state.service
-        service.trainer.export_now(activate=True)
-        wait_for(lambda: service.holder.current is not None, timeout_s=30)
+    with _serving(tmp_path, served_log={"queue_records": 1}) as (client, service):
         stuck = threading.Event()
         release = threading.Event()
 
@@ -123,14 +125,7 @@ def test_a_record_that_cannot_be_packed_is_counted_and_the_answer_stands(
 ) -> None:
     """Packing happens on the request's thread (app/served_log.py): a bug there must cost
     the record, not the response."""
-    settings = make_settings(tmp_path / "data")
-    app = create_app(settings, trainer=embedded_trainer)
-    with TestClient(app) as client:
-        now = int(time.time() * 1000)
-        client.put("/v1/videos", json={"videos": _catalog(now)}, headers=KEY)
-        service = app.state.service
-        service.trainer.export_now(activate=True)
-        wait_for(lambda: service.holder.current is not None, timeout_s=30)
+    with _serving(tmp_path) as (client, service):
         writer = service.recommender.served_log
 
         def broken(served: object) -> None:
