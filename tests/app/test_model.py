@@ -401,3 +401,18 @@ def test_reference_rows_read_what_their_own_batch_reads(user_attributes: bool) -
     assert head.batch_size == 25
     for name, keys in resolved(user, schema).items():
         np.testing.assert_array_equal(resolved(head, schema)[name], keys, err_msg=name)
+
+
+def test_score_rows_calls_meanwhile_once_with_rows_or_without(tmp_path: Path) -> None:
+    """The recommender's learned terms ride in ``meanwhile``: called once, beside the run,
+    or here when no candidate is left to run."""
+    registry = ModelRegistry(tmp_path)
+    version = publish_model(registry, SCHEMA, seed=4)
+    scorer = Scorer(SCHEMA, keyed_tables())  # type: ignore[arg-type]
+    model = load_model(registry, version, SCHEMA, "main", API, scorer.warm)
+    rows = scorer.extractor.table.rows_of([make_video(video_id=f"m{i}") for i in range(5)])
+    calls: list[int] = []
+    ts, context = 1_700_000_000_000, EventContext()
+    scorer.score_rows(model, "u1", ts, context, [], rows, meanwhile=lambda: calls.append(1))
+    scorer.score_rows(model, "u1", ts, context, [], rows[:0], meanwhile=lambda: calls.append(2))
+    assert calls == [1, 2]
